@@ -1,0 +1,250 @@
+//! The proxy-wasm hostcalls this filter uses, called directly so that every status becomes an
+//! error value. The SDK's own wrappers `panic!` on statuses they do not expect, and a panic
+//! kills the worker's VM.
+
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
+use std::ptr::null_mut;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub Status);
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host returned {:?}", self.0)
+    }
+}
+
+pub type HostResult<T> = Result<T, HostError>;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> Status;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> Status;
+    fn proxy_get_buffer_bytes(
+        buffer_type: BufferType,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> Status;
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> Status;
+    fn proxy_replace_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> Status;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> Status;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> Status;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> Status;
+    fn proxy_define_metric(
+        metric_type: MetricType,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> Status;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> Status;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> Status;
+    fn proxy_set_effective_context(context_id: u32) -> Status;
+    fn proxy_continue_stream(stream_type: u32) -> Status;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> Status;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> Status;
+}
+
+fn check(s: Status) -> HostResult<()> {
+    match s {
+        Status::Ok => Ok(()),
+        other => Err(HostError(other)),
+    }
+}
+
+/// Take ownership of a buffer the host allocated through the SDK's `proxy_on_memory_allocate`.
+///
+/// # Safety
+/// `ptr` must be null or a buffer of exactly `size` bytes allocated by that function.
+unsafe fn owned(ptr: *mut u8, size: usize) -> Vec<u8> {
+    if ptr.is_null() {
+        Vec::new()
+    } else {
+        Vec::from_raw_parts(ptr, size, size)
+    }
+}
+
+pub fn log(level: u32, msg: &str) {
+    // Nothing sensible can be done if logging fails.
+    let _ = unsafe { proxy_log(level, msg.as_ptr(), msg.len()) };
+}
+
+pub fn now_ms() -> u64 {
+    let mut ns: u64 = 0;
+    match unsafe { proxy_get_current_time_nanoseconds(&mut ns) } {
+        Status::Ok => ns / 1_000_000,
+        _ => 0,
+    }
+}
+
+pub fn buffer(kind: BufferType, start: usize, max: usize) -> HostResult<Vec<u8>> {
+    let mut ptr = null_mut();
+    let mut size = 0;
+    match unsafe { proxy_get_buffer_bytes(kind, start, max, &mut ptr, &mut size) } {
+        Status::Ok => Ok(unsafe { owned(ptr, size) }),
+        Status::NotFound | Status::Empty => Ok(Vec::new()),
+        other => Err(HostError(other)),
+    }
+}
+
+pub fn header_map(kind: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
+    let mut ptr = null_mut();
+    let mut size = 0;
+    check(unsafe { proxy_get_header_map_pairs(kind, &mut ptr, &mut size) })?;
+    let bytes = unsafe { owned(ptr, size) };
+    Ok(deserialize_map(&bytes).unwrap_or_default())
+}
+
+pub fn replace_header(kind: MapType, name: &str, value: &str) -> HostResult<()> {
+    check(unsafe {
+        proxy_replace_header_map_value(kind, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+    })
+}
+
+pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
+    let map = serialize_map(headers);
+    let details = "llm_governor";
+    check(unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            -1,
+        )
+    })
+}
+
+pub fn get_shared(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
+    let mut ptr = null_mut();
+    let mut size = 0;
+    let mut cas = 0;
+    match unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut size, &mut cas) } {
+        Status::Ok => Ok(Some((unsafe { owned(ptr, size) }, cas))),
+        Status::NotFound => Ok(None),
+        other => Err(HostError(other)),
+    }
+}
+
+/// `cas = 0` writes unconditionally.
+pub fn set_shared(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
+    check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
+}
+
+pub fn define_metric(kind: MetricType, name: &str) -> HostResult<u32> {
+    let mut id = 0;
+    check(unsafe { proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
+    check(unsafe { proxy_increment_metric(id, by) })
+}
+
+pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
+    check(unsafe { proxy_record_metric(id, value) })
+}
+
+pub fn set_effective_context(id: u32) -> HostResult<()> {
+    check(unsafe { proxy_set_effective_context(id) })
+}
+
+/// Resume a paused response (stream type 1 = HTTP response).
+pub fn resume_response() -> HostResult<()> {
+    check(unsafe { proxy_continue_stream(1) })
+}
+
+pub fn set_tick_period_ms(ms: u32) -> HostResult<()> {
+    check(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+/// Set a filter-state property (readable by access logs as `%FILTER_STATE(...)%`).
+pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
+    let mut p = Vec::new();
+    for seg in path {
+        p.extend_from_slice(seg.as_bytes());
+        p.push(0);
+    }
+    check(unsafe { proxy_set_property(p.as_ptr(), p.len(), value.as_ptr(), value.len()) })
+}
+
+/// The proxy-wasm map wire format: count, then (key len, value len) pairs, then the
+/// NUL-terminated keys and values. Returns None on a malformed buffer instead of panicking.
+fn deserialize_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let u32_at = |at: usize| -> Option<usize> {
+        let b = bytes.get(at..at + 4)?;
+        Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
+    };
+    let count = u32_at(0)?;
+    let mut out = Vec::with_capacity(count.min(256));
+    let mut p = 4usize.checked_add(count.checked_mul(8)?)?;
+    for n in 0..count {
+        let key_len = u32_at(4 + n * 8)?;
+        let val_len = u32_at(8 + n * 8)?;
+        let key = bytes.get(p..p.checked_add(key_len)?)?;
+        p = p.checked_add(key_len + 1)?;
+        let val = bytes.get(p..p.checked_add(val_len)?)?;
+        p = p.checked_add(val_len + 1)?;
+        out.push((String::from_utf8_lossy(key).into_owned(), val.to_vec()));
+    }
+    Some(out)
+}
+
+fn serialize_map(pairs: &[(&str, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}

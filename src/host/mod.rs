@@ -1,0 +1,310 @@
+//! The thin host layer: the only code that names proxy_wasm. It reads what Envoy hands over,
+//! asks the pure policy what to do, and applies the answer. Every hostcall error is a value;
+//! nothing here unwraps.
+
+mod abi;
+mod adapters;
+
+use crate::config;
+use crate::metrics::{Counter, Metrics};
+use crate::headers::Headers;
+use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
+use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Error bodies are small; past this much, classify from what arrived.
+const MAX_ERROR_BODY: usize = 16 * 1024;
+/// How long a held response waits for its body before it is classified without one.
+const BODY_WAIT_MS: u64 = 1000;
+/// After a body never came, how long to stop holding responses (Envoy is evidently configured
+/// without `allow_on_headers_stop_iteration`), before trying again.
+const HEADERS_ONLY_FOR_MS: u64 = 60_000;
+const TICK_MS: u32 = 50;
+
+proxy_wasm::main! {{
+    let _ = log::set_logger(&HostLogger);
+    log::set_max_level(log::LevelFilter::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { shared: None }) });
+}}
+
+/// A response held for its error body.
+struct Held {
+    flow: Flow,
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    deadline_ms: u64,
+}
+
+/// What one VM (one worker thread) shares between its root and stream contexts.
+struct Shared {
+    governor: Governor,
+    metrics: RefCell<HostMetrics>,
+    rng: RefCell<HostRandom>,
+    held: RefCell<HashMap<u32, Held>>,
+    /// Until when to classify 429s from headers only (body callbacks evidently not coming).
+    headers_only_until: Cell<u64>,
+    warned_body_unavailable: Cell<bool>,
+}
+
+impl Shared {
+    /// Run a policy call with the host's store, metrics, randomness and clock.
+    fn with_env<T>(&self, f: impl FnOnce(&Governor, &mut Env<HostStore, HostMetrics, HostRandom>) -> T) -> Option<T> {
+        let mut metrics = self.metrics.try_borrow_mut().ok()?;
+        let mut rng = self.rng.try_borrow_mut().ok()?;
+        let mut env = Env {
+            store: &HostStore,
+            metrics: &mut *metrics,
+            rng: &mut *rng,
+            now_ms: abi::now_ms(),
+        };
+        Some(f(&self.governor, &mut env))
+    }
+
+    fn hold(&self, context_id: u32, held: Held) {
+        let Ok(mut map) = self.held.try_borrow_mut() else { return };
+        if map.is_empty() {
+            let _ = abi::set_tick_period_ms(TICK_MS);
+        }
+        map.insert(context_id, held);
+    }
+
+    fn take_held(&self, context_id: u32) -> Option<Held> {
+        self.held.try_borrow_mut().ok()?.remove(&context_id)
+    }
+
+    /// Classify the held response of `context_id` from `body` and let its headers go.
+    fn release(&self, held: &Held, body: &[u8]) {
+        let governed = self
+            .with_env(|g, env| g.on_response_body(&held.flow, held.status, &Headers::new(&held.headers), body, env))
+            .flatten();
+        if let Some(g) = governed {
+            apply(&g);
+        }
+    }
+
+    /// Held responses whose body never came: classify by status and headers, resume them.
+    fn release_overdue(&self) {
+        let now = abi::now_ms();
+        let overdue: Vec<(u32, Held)> = match self.held.try_borrow_mut() {
+            Ok(mut map) => {
+                let ids: Vec<u32> = map.iter().filter(|(_, h)| h.deadline_ms <= now).map(|(id, _)| *id).collect();
+                let out = ids.into_iter().filter_map(|id| map.remove(&id).map(|h| (id, h))).collect();
+                if map.is_empty() {
+                    let _ = abi::set_tick_period_ms(0);
+                }
+                out
+            }
+            Err(_) => return,
+        };
+        for (id, held) in overdue {
+            if abi::set_effective_context(id).is_err() {
+                continue; // the stream is gone
+            }
+            self.headers_only_until.set(now + HEADERS_ONLY_FOR_MS);
+            if !self.warned_body_unavailable.replace(true) {
+                log::warn!(
+                    "llm_governor: the body of a held {} response never arrived; classifying by status and \
+                     headers. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
+                     quota errors can be told from rate limits",
+                    held.status
+                );
+            }
+            self.with_env(|_, env| env.metrics.count(held.flow.pool, Counter::BodyUnavailable));
+            self.release(&held, &[]);
+            if let Err(e) = abi::resume_response() {
+                log::warn!("llm_governor: could not resume a held response: {e}");
+            }
+        }
+    }
+}
+
+fn apply(g: &Governed) {
+    for (name, value) in &g.headers {
+        if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, name, value) {
+            log::debug!("llm_governor: could not set response header {name}: {e}");
+        }
+    }
+    record_for_access_log(&g.headers);
+}
+
+/// Expose class, source and delay to Envoy's access log as filter state
+/// (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, `.source`, `.delay_ms`).
+fn record_for_access_log(headers: &[(&'static str, String)]) {
+    for (name, key) in [
+        ("x-llm-governor-class", "llm_governor.class"),
+        ("x-llm-governor-source", "llm_governor.source"),
+        ("retry-after-ms", "llm_governor.delay_ms"),
+    ] {
+        if let Some((_, v)) = headers.iter().find(|(n, _)| *n == name) {
+            if let Err(e) = abi::set_property(&[key], v.as_bytes()) {
+                log::debug!("llm_governor: could not set filter state {key}: {e}");
+            }
+        }
+    }
+}
+
+struct Root {
+    shared: Option<Rc<Shared>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let bytes = match abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(b) => b,
+            Err(e) => {
+                log::error!("llm_governor: could not read the plugin configuration: {e}");
+                return false;
+            }
+        };
+        let cfg = match config::parse(&bytes) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                log::error!("llm_governor: invalid configuration: {e}");
+                return false;
+            }
+        };
+        let metrics = HostMetrics::define(&cfg);
+        self.shared = Some(Rc::new(Shared {
+            governor: Governor::new(cfg),
+            metrics: RefCell::new(metrics),
+            rng: RefCell::new(HostRandom::seeded()),
+            held: RefCell::new(HashMap::new()),
+            headers_only_until: Cell::new(0),
+            warned_body_unavailable: Cell::new(false),
+        }));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.release_overdue();
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let shared = self.shared.clone()?;
+        Some(Box::new(Filter {
+            shared,
+            context_id,
+            flow: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Filter {
+    shared: Rc<Shared>,
+    context_id: u32,
+    /// Set when the request went upstream; None for locally answered requests.
+    flow: Option<Flow>,
+}
+
+impl Filter {
+    fn release_held(&mut self) -> Action {
+        if let Some(held) = self.shared.take_held(self.context_id) {
+            let size = MAX_ERROR_BODY;
+            let body = abi::buffer(BufferType::HttpResponseBody, 0, size).unwrap_or_default();
+            self.shared.release(&held, &body[..body.len().min(size)]);
+        }
+        Action::Continue
+    }
+}
+
+impl Context for Filter {}
+
+impl Drop for Filter {
+    fn drop(&mut self) {
+        let _ = self.shared.take_held(self.context_id);
+    }
+}
+
+fn header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
+    Headers::new(pairs).get(name).unwrap_or(b"")
+}
+
+impl HttpContext for Filter {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        let view = RequestView {
+            path: header(&pairs, ":path"),
+            authority: header(&pairs, ":authority"),
+            headers: Headers::new(&pairs),
+        };
+        match self.shared.with_env(|g, env| g.on_request(&view, env)) {
+            Some(RequestDecision::Forward(flow)) => {
+                self.flow = Some(flow);
+                Action::Continue
+            }
+            Some(RequestDecision::Reply(_, reply)) => {
+                record_for_access_log(&reply.headers);
+                match abi::send_local_response(reply.status, &reply.headers, &reply.body) {
+                    Ok(()) => Action::Pause,
+                    Err(e) => {
+                        log::warn!("llm_governor: could not send a local answer ({e}); letting the request through");
+                        Action::Continue
+                    }
+                }
+            }
+            None => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(flow) = self.flow.clone() else {
+            return Action::Continue;
+        };
+        let pairs = abi::header_map(MapType::HttpResponseHeaders).unwrap_or_default();
+        let status = std::str::from_utf8(header(&pairs, ":status"))
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        let now = abi::now_ms();
+        let body_available = now >= self.shared.headers_only_until.get();
+        let step = self
+            .shared
+            .with_env(|g, env| g.on_response_headers(&flow, status, &Headers::new(&pairs), end_of_stream, body_available, env));
+        match step {
+            Some(ResponseStep::Rewrite(g)) => {
+                apply(&g);
+                Action::Continue
+            }
+            Some(ResponseStep::NeedBody) => {
+                self.shared.hold(
+                    self.context_id,
+                    Held {
+                        flow,
+                        status,
+                        headers: pairs,
+                        deadline_ms: now + BODY_WAIT_MS,
+                    },
+                );
+                Action::Pause
+            }
+            Some(ResponseStep::Pass) | None => Action::Continue,
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let holding = self.shared.held.try_borrow().is_ok_and(|m| m.contains_key(&self.context_id));
+        if !holding {
+            return Action::Continue;
+        }
+        if !end_of_stream && body_size < MAX_ERROR_BODY {
+            return Action::Pause;
+        }
+        self.release_held()
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.release_held()
+    }
+}

@@ -1,0 +1,47 @@
+//! Stable ids for accounts and tenants, and the short shared-data keys built from them.
+//!
+//! Credentials are reduced to a 64-bit FNV-1a hash the moment they are read; only the hash is
+//! ever stored or exported. FNV-1a is stable across workers, restarts and versions, so an
+//! operator can compute the id of a key they hold (`python3 -c` one-liner in docs/), and an API
+//! key's entropy makes the hash useless for recovering it.
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(FNV_OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
+}
+
+/// The id of "no credential": requests without any account header share it.
+pub const NO_ACCOUNT: u64 = 0;
+
+/// Shared-data key of the cooldown of (pool, account).
+pub fn cooldown_key(pool: &str, account: u64) -> String {
+    format!("c:{pool}:{account:016x}")
+}
+
+/// Shared-data key of one token bucket of a limit.
+pub fn bucket_key(limit: &str, key_id: u64) -> String {
+    format!("b:{limit}:{key_id:016x}")
+}
+
+/// The bucket that keys past `max_keys` share.
+pub fn overflow_bucket_key(limit: &str) -> String {
+    format!("b:{limit}:~")
+}
+
+/// Shared-data key of the number of distinct keys created so far.
+pub const KEY_COUNT: &str = "k:n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_reference_values() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+}

@@ -1,0 +1,156 @@
+//! The stats the filter exports, by pool. Names are the contract's; the host defines them.
+
+use crate::ratelimit::Dimension;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    UpstreamRateLimited,
+    UpstreamQuotaExhausted,
+    UpstreamOverloaded,
+    LocalRejectCooldown,
+    LocalRejectLimit,
+    LocalRejectQuota,
+    OverflowKeys,
+    /// A 429 whose exhausted dimension was known, by dimension.
+    Exhausted(Dimension),
+    /// A cooldown started from headers reporting nothing left, before any 429.
+    PreemptiveCooldown,
+    /// A shared-data update gave up after repeated CAS conflicts (the request was admitted).
+    StoreContention,
+    /// Envoy never delivered the body of a held error response (missing
+    /// `allow_on_headers_stop_iteration`); it was classified from status and headers.
+    BodyUnavailable,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 14] = [
+        Counter::UpstreamRateLimited,
+        Counter::UpstreamQuotaExhausted,
+        Counter::UpstreamOverloaded,
+        Counter::LocalRejectCooldown,
+        Counter::LocalRejectLimit,
+        Counter::LocalRejectQuota,
+        Counter::OverflowKeys,
+        Counter::Exhausted(Dimension::Requests),
+        Counter::Exhausted(Dimension::Tokens),
+        Counter::Exhausted(Dimension::InputTokens),
+        Counter::Exhausted(Dimension::OutputTokens),
+        Counter::PreemptiveCooldown,
+        Counter::StoreContention,
+        Counter::BodyUnavailable,
+    ];
+
+    pub fn index(self) -> usize {
+        Counter::ALL.iter().position(|c| *c == self).unwrap_or(0)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::UpstreamRateLimited => "upstream_rate_limited",
+            Counter::UpstreamQuotaExhausted => "upstream_quota_exhausted",
+            Counter::UpstreamOverloaded => "upstream_overloaded",
+            Counter::LocalRejectCooldown => "local_reject_cooldown",
+            Counter::LocalRejectLimit => "local_reject_limit",
+            Counter::LocalRejectQuota => "local_reject_quota",
+            Counter::OverflowKeys => "overflow_keys",
+            Counter::Exhausted(Dimension::Requests) => "exhausted_requests",
+            Counter::Exhausted(Dimension::Tokens) => "exhausted_tokens",
+            Counter::Exhausted(Dimension::InputTokens) => "exhausted_input_tokens",
+            Counter::Exhausted(Dimension::OutputTokens) => "exhausted_output_tokens",
+            Counter::PreemptiveCooldown => "preemptive_cooldown",
+            Counter::StoreContention => "store_contention",
+            Counter::BodyUnavailable => "body_unavailable",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gauge {
+    RemainingRequests,
+    RemainingTokens,
+    RemainingInputTokens,
+    RemainingOutputTokens,
+    LimitRequests,
+    LimitTokens,
+    ResetRequestsMs,
+    ResetTokensMs,
+}
+
+impl Gauge {
+    pub const ALL: [Gauge; 8] = [
+        Gauge::RemainingRequests,
+        Gauge::RemainingTokens,
+        Gauge::RemainingInputTokens,
+        Gauge::RemainingOutputTokens,
+        Gauge::LimitRequests,
+        Gauge::LimitTokens,
+        Gauge::ResetRequestsMs,
+        Gauge::ResetTokensMs,
+    ];
+
+    pub fn index(self) -> usize {
+        Gauge::ALL.iter().position(|g| *g == self).unwrap_or(0)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Gauge::RemainingRequests => "remaining_requests",
+            Gauge::RemainingTokens => "remaining_tokens",
+            Gauge::RemainingInputTokens => "remaining_input_tokens",
+            Gauge::RemainingOutputTokens => "remaining_output_tokens",
+            Gauge::LimitRequests => "limit_requests",
+            Gauge::LimitTokens => "limit_tokens",
+            Gauge::ResetRequestsMs => "reset_requests_ms",
+            Gauge::ResetTokensMs => "reset_tokens_ms",
+        }
+    }
+}
+
+/// The name of the one histogram per pool.
+pub const RETRY_AFTER_HISTOGRAM: &str = "retry_after_ms";
+
+/// Full stat name (Envoy adds the `wasmcustom.` namespace in front).
+pub fn stat_name(pool: &str, metric: &str) -> String {
+    format!("llm_governor.pool.{pool}.{metric}")
+}
+
+/// Where stats go. `pool` is the index of the pool in the configuration.
+pub trait Metrics {
+    fn count(&mut self, pool: usize, c: Counter);
+    fn gauge(&mut self, pool: usize, g: Gauge, value: u64);
+    fn retry_after(&mut self, pool: usize, ms: u64);
+}
+
+/// A recording sink for tests.
+#[derive(Default, Debug)]
+pub struct Recorded {
+    pub counters: Vec<(usize, Counter)>,
+    pub gauges: Vec<(usize, Gauge, u64)>,
+    pub histogram: Vec<(usize, u64)>,
+}
+
+impl Recorded {
+    pub fn count_of(&self, pool: usize, c: Counter) -> usize {
+        self.counters.iter().filter(|(p, x)| *p == pool && *x == c).count()
+    }
+
+    pub fn last_gauge(&self, pool: usize, g: Gauge) -> Option<u64> {
+        self.gauges
+            .iter()
+            .rev()
+            .find(|(p, x, _)| *p == pool && *x == g)
+            .map(|(_, _, v)| *v)
+    }
+}
+
+impl Metrics for Recorded {
+    fn count(&mut self, pool: usize, c: Counter) {
+        self.counters.push((pool, c));
+    }
+    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
+        self.gauges.push((pool, g, value));
+    }
+    fn retry_after(&mut self, pool: usize, ms: u64) {
+        self.histogram.push((pool, ms));
+    }
+}

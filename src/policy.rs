@@ -1,0 +1,498 @@
+//! The decisions: what to do with a request, and what to tell the client about a response.
+//!
+//! Generic over the shared store, the metrics sink and the randomness, and given `now`
+//! explicitly, so every path is driven natively in tests exactly as the host drives it.
+
+use crate::bucket::{Bucket, Shape, Take};
+use crate::classify::{self, Class, Dialect};
+use crate::config::{Config, LimitKey, LimitKind, Pool};
+use crate::headers::Headers;
+use crate::keys;
+use crate::metrics::{Counter, Gauge, Metrics};
+use crate::ratelimit::{self, Snapshot};
+use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
+use crate::retry_after::{self, Random};
+use crate::store::{self, SharedStore, UpdateError};
+
+/// What the host hands the policy for every call.
+pub struct Env<'a, S: SharedStore + ?Sized, M: Metrics, R: Random> {
+    pub store: &'a S,
+    pub metrics: &'a mut M,
+    pub rng: &'a mut R,
+    pub now_ms: u64,
+}
+
+/// The parts of a request the policy looks at.
+pub struct RequestView<'a> {
+    pub path: &'a [u8],
+    pub authority: &'a [u8],
+    pub headers: Headers<'a>,
+}
+
+/// What the request path learned, carried to the response path of the same stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub pool: usize,
+    pub account: u64,
+    /// The dialect for locally generated bodies (`auto` resolved from the request).
+    pub dialect: Dialect,
+    /// Consecutive hint-less rate limits seen for this (pool, account), for the backoff.
+    pub streak: u8,
+}
+
+#[derive(Debug)]
+pub enum RequestDecision {
+    Forward(Flow),
+    Reply(Flow, LocalReply),
+}
+
+/// What the response path decided for a governed response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Governed {
+    pub class: Class,
+    /// What the client is told, in ms.
+    pub delay_ms: u64,
+    /// The provider's own delay, when it gave one.
+    pub provider_ms: Option<u64>,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResponseStep {
+    /// Not a governed response: let it through untouched.
+    Pass,
+    /// Hold the headers: the class depends on the error body.
+    NeedBody,
+    /// Rewrite the response headers and let it through.
+    Rewrite(Governed),
+}
+
+/// A cooldown as stored in shared data: 14 fixed-width bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CooldownRecord {
+    /// Until when the provider said "not now", Unix ms (0: not cooling).
+    pub deadline_ms: u64,
+    /// The length of the cooldown when it was set, for spreading returning clients.
+    pub period_ms: u32,
+    pub class: Class,
+    pub streak: u8,
+}
+
+impl CooldownRecord {
+    const LEN: usize = 14;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.deadline_ms.to_le_bytes());
+        out[8..12].copy_from_slice(&self.period_ms.to_le_bytes());
+        out[12] = self.class.to_byte();
+        out[13] = self.streak;
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Option<CooldownRecord> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        Some(CooldownRecord {
+            deadline_ms: u64::from_le_bytes(b[..8].try_into().ok()?),
+            period_ms: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            class: Class::from_byte(b[12])?,
+            streak: b[13],
+        })
+    }
+}
+
+pub struct Governor {
+    pub cfg: Config,
+    /// Per pool: the id of its name, for `key: pool` limits.
+    pool_ids: Vec<u64>,
+}
+
+impl Governor {
+    pub fn new(cfg: Config) -> Governor {
+        let pool_ids = cfg.pools.iter().map(|p| keys::fnv1a64(p.name.as_bytes())).collect();
+        Governor { cfg, pool_ids }
+    }
+
+    /// The first pool whose match holds; the implicit `default` pool is last and matches all.
+    pub fn pool_for(&self, req: &RequestView) -> usize {
+        self.cfg
+            .pools
+            .iter()
+            .position(|p| pool_matches(p, req))
+            .unwrap_or(self.cfg.pools.len().saturating_sub(1))
+    }
+
+    pub fn account_of(&self, h: &Headers) -> u64 {
+        self.cfg
+            .account_headers
+            .iter()
+            .find_map(|name| h.get(name).filter(|v| !v.is_empty()))
+            .map_or(keys::NO_ACCOUNT, keys::fnv1a64)
+    }
+
+    pub fn on_request<S, M, R>(&self, req: &RequestView, env: &mut Env<S, M, R>) -> RequestDecision
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let pool = self.pool_for(req);
+        let mut flow = Flow {
+            pool,
+            account: self.account_of(&req.headers),
+            dialect: self.cfg.pools[pool].dialect.resolve_for_request(req.path, &req.headers),
+            streak: 0,
+        };
+        if self.cfg.cooldown.enabled {
+            if let Some(reply) = self.answer_from_cooldown(&mut flow, env) {
+                return RequestDecision::Reply(flow, reply);
+            }
+        }
+        for (i, limit) in self.cfg.limits.iter().enumerate() {
+            // Token limits are charged from usage by a later stage; only requests are taken here.
+            if limit.kind != LimitKind::Requests {
+                continue;
+            }
+            let key_id = match &limit.key {
+                LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
+                LimitKey::Account => flow.account,
+                LimitKey::Pool => self.pool_ids[pool],
+            };
+            let shape = Shape {
+                per_minute: limit.per_minute,
+                burst: limit.burst,
+            };
+            let Some(take) = self.take(i, key_id, shape, pool, env) else {
+                continue;
+            };
+            if !take.admitted {
+                let delay = take.wait_ms.clamp(1, self.cfg.retry_after.max_ms);
+                let fields = LimitFields {
+                    name: limit.name.clone(),
+                    quota: limit.burst,
+                    window_s: 60,
+                    remaining: take.remaining,
+                    reset_s: take.wait_ms.div_ceil(1000),
+                };
+                env.metrics.count(pool, Counter::LocalRejectLimit);
+                env.metrics.retry_after(pool, delay);
+                let reply = reply::local_reply(flow.dialect, Class::RateLimited, AnswerSource::Limit, delay, Some(&fields));
+                return RequestDecision::Reply(flow, reply);
+            }
+        }
+        RequestDecision::Forward(flow)
+    }
+
+    fn answer_from_cooldown<S, M, R>(&self, flow: &mut Flow, env: &mut Env<S, M, R>) -> Option<LocalReply>
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
+        let rec = env
+            .store
+            .get(&key)
+            .ok()
+            .flatten()
+            .and_then(|(b, _)| CooldownRecord::decode(&b))?;
+        flow.streak = rec.streak;
+        let remaining = rec.deadline_ms.checked_sub(env.now_ms).filter(|ms| *ms > 0)?;
+        let delay = retry_after::told(remaining, u64::from(rec.period_ms), &self.cfg.retry_after, env.rng);
+        let counter = if rec.class == Class::QuotaExhausted {
+            Counter::LocalRejectQuota
+        } else {
+            Counter::LocalRejectCooldown
+        };
+        env.metrics.count(flow.pool, counter);
+        env.metrics.retry_after(flow.pool, delay);
+        Some(reply::local_reply(flow.dialect, rec.class, AnswerSource::Cooldown, delay, None))
+    }
+
+    /// Take one token from the bucket of (limit, key). None when shared data could not be
+    /// updated: the request is then admitted (fail-open) and `store_contention` counts it, so
+    /// the governor never rejects traffic because of its own bookkeeping.
+    fn take<S, M, R>(&self, limit: usize, key_id: u64, shape: Shape, pool: usize, env: &mut Env<S, M, R>) -> Option<Take>
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let name = &self.cfg.limits[limit].name;
+        let mut key = keys::bucket_key(name, key_id);
+        if !self.key_exists_or_admit(&key, pool, env) {
+            key = keys::overflow_bucket_key(name);
+        }
+        let now = env.now_ms;
+        let init = Bucket::full(shape, now).encode();
+        let result = store::update(env.store, &key, Some(&init), |cur| {
+            let b = cur.and_then(Bucket::decode).unwrap_or_else(|| Bucket::full(shape, now));
+            let (after, take) = b.take(shape, now, 1);
+            let write = (after != b || cur.is_none()).then(|| after.encode().to_vec());
+            (write, take)
+        });
+        match result {
+            Ok(u) => Some(u.value),
+            Err(e) => {
+                self.store_failed(pool, &key, &e, env);
+                None
+            }
+        }
+    }
+
+    fn store_failed<S, M, R>(&self, pool: usize, key: &str, e: &UpdateError, env: &mut Env<S, M, R>)
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        env.metrics.count(pool, Counter::StoreContention);
+        if let UpdateError::Host(msg) = e {
+            log::warn!("llm_governor: shared data update of {key} failed ({msg}); admitting the request");
+        }
+    }
+
+    /// True when `key` exists or there is room for one more key; counts overflow otherwise.
+    fn key_exists_or_admit<S, M, R>(&self, key: &str, pool: usize, env: &mut Env<S, M, R>) -> bool
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        if matches!(env.store.get(key), Ok(Some(_))) {
+            return true;
+        }
+        let max = self.cfg.max_keys;
+        let admitted = store::update(env.store, keys::KEY_COUNT, None, |cur| {
+            let n = cur
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            if n >= max {
+                (None, false)
+            } else {
+                (Some((n + 1).to_le_bytes().to_vec()), true)
+            }
+        });
+        // A contended count admits the key: the bound is then exceeded by at most the number
+        // of racing workers, and memory stays bounded.
+        let admitted = admitted.map_or(true, |u| u.value);
+        if !admitted {
+            env.metrics.count(pool, Counter::OverflowKeys);
+        }
+        admitted
+    }
+
+    /// The response headers arrived. Export the provider's rate-limit headers, start a
+    /// preemptive cooldown when they say nothing is left, and decide whether this is a
+    /// governed response and whether its body is needed.
+    pub fn on_response_headers<S, M, R>(
+        &self,
+        flow: &Flow,
+        status: u16,
+        headers: &Headers,
+        end_of_stream: bool,
+        body_available: bool,
+        env: &mut Env<S, M, R>,
+    ) -> ResponseStep
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let snap = ratelimit::parse(headers, env.now_ms);
+        export_gauges(flow.pool, &snap, env.metrics);
+        if !classify::is_governed_status(status) {
+            if (200..300).contains(&status) {
+                self.on_success(flow, &snap, env);
+            }
+            return ResponseStep::Pass;
+        }
+        if classify::needs_body(status) && !end_of_stream && body_available {
+            return ResponseStep::NeedBody;
+        }
+        self.govern(flow, status, headers, &[], &snap, env)
+            .map_or(ResponseStep::Pass, ResponseStep::Rewrite)
+    }
+
+    /// The (bounded prefix of the) error body of a held response arrived.
+    pub fn on_response_body<S, M, R>(
+        &self,
+        flow: &Flow,
+        status: u16,
+        headers: &Headers,
+        body: &[u8],
+        env: &mut Env<S, M, R>,
+    ) -> Option<Governed>
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let snap = ratelimit::parse(headers, env.now_ms);
+        self.govern(flow, status, headers, body, &snap, env)
+    }
+
+    fn on_success<S, M, R>(&self, flow: &Flow, snap: &Snapshot, env: &mut Env<S, M, R>)
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        if !self.cfg.cooldown.enabled {
+            return;
+        }
+        if self.cfg.preemptive {
+            if let Some(reset) = snap.exhausted_reset_ms().filter(|ms| *ms > 0) {
+                let ms = reset.min(self.cfg.cooldown.max_ms);
+                if self.cool(flow, Class::RateLimited, Some(ms), 0, env) {
+                    env.metrics.count(flow.pool, Counter::PreemptiveCooldown);
+                }
+                return;
+            }
+        }
+        if flow.streak > 0 {
+            self.cool(flow, Class::RateLimited, None, 0, env);
+        }
+    }
+
+    fn govern<S, M, R>(
+        &self,
+        flow: &Flow,
+        status: u16,
+        headers: &Headers,
+        body: &[u8],
+        snap: &Snapshot,
+        env: &mut Env<S, M, R>,
+    ) -> Option<Governed>
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let class = classify::classify(status, body)?;
+        let pool: &Pool = &self.cfg.pools[flow.pool];
+        let provider = retry_after::provider_delay(headers, body, snap, pool.dialect, env.now_ms);
+        let provider_ms = provider.map(|(ms, _)| ms);
+        let ra = &self.cfg.retry_after;
+        let cd = &self.cfg.cooldown;
+        let (counter, delay_ms, cool_ms, streak) = match class {
+            Class::QuotaExhausted => {
+                let base = provider_ms.unwrap_or(cd.quota_ms);
+                let told = retry_after::told(base, base, ra, env.rng);
+                (Counter::UpstreamQuotaExhausted, told, Some(cd.quota_ms), 0)
+            }
+            Class::RateLimited | Class::Overloaded => {
+                let counter = if class == Class::RateLimited {
+                    Counter::UpstreamRateLimited
+                } else {
+                    Counter::UpstreamOverloaded
+                };
+                match provider_ms {
+                    Some(ms) => {
+                        let told = retry_after::told(ms, ms, ra, env.rng);
+                        (counter, told, Some(ms.min(cd.max_ms)), 0)
+                    }
+                    None => {
+                        let told = retry_after::backoff(flow.streak, ra, env.rng);
+                        (counter, told, None, flow.streak.saturating_add(1))
+                    }
+                }
+            }
+        };
+        env.metrics.count(flow.pool, counter);
+        if class == Class::RateLimited {
+            if let Some(d) = retry_after::exhausted_dimension(snap, body) {
+                env.metrics.count(flow.pool, Counter::Exhausted(d));
+            }
+        }
+        env.metrics.retry_after(flow.pool, delay_ms);
+        if cd.enabled {
+            self.cool(flow, class, cool_ms, streak, env);
+        }
+        Some(Governed {
+            class,
+            delay_ms,
+            provider_ms,
+            headers: reply::governed_headers(class, AnswerSource::Upstream, delay_ms),
+        })
+    }
+
+    /// Record a cooldown of `ms` for the flow's (pool, account), keeping any later deadline,
+    /// and the backoff streak. Returns whether shared data was written.
+    fn cool<S, M, R>(&self, flow: &Flow, class: Class, ms: Option<u64>, streak: u8, env: &mut Env<S, M, R>) -> bool
+    where
+        S: SharedStore + ?Sized,
+        M: Metrics,
+        R: Random,
+    {
+        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
+        if !self.key_exists_or_admit(&key, flow.pool, env) {
+            return false;
+        }
+        let now = env.now_ms;
+        let wanted = ms.map(|ms| CooldownRecord {
+            deadline_ms: now.saturating_add(ms),
+            period_ms: u32::try_from(ms).unwrap_or(u32::MAX),
+            class,
+            streak,
+        });
+        let result = store::update(env.store, &key, None, |cur| {
+            let old = cur.and_then(CooldownRecord::decode);
+            let next = match (old, wanted) {
+                // Re-cooling keeps the later deadline, never the shorter.
+                (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => CooldownRecord { streak, ..o },
+                (_, Some(w)) => w,
+                (Some(o), None) => CooldownRecord { streak, ..o },
+                (None, None) => CooldownRecord {
+                    deadline_ms: 0,
+                    period_ms: 0,
+                    class,
+                    streak,
+                },
+            };
+            let write = (old != Some(next)).then(|| next.encode().to_vec());
+            (write, ())
+        });
+        match result {
+            Ok(_) => true,
+            Err(e) => {
+                self.store_failed(flow.pool, &key, &e, env);
+                false
+            }
+        }
+    }
+}
+
+fn pool_matches(p: &Pool, req: &RequestView) -> bool {
+    let m = &p.matcher;
+    m.path_prefix
+        .as_ref()
+        .map_or(true, |pre| req.path.starts_with(pre.as_bytes()))
+        && m.authority
+            .as_ref()
+            .map_or(true, |a| req.authority.eq_ignore_ascii_case(a.as_bytes()))
+        && m.header
+            .as_ref()
+            .map_or(true, |(n, v)| req.headers.get(n) == Some(v.as_bytes()))
+}
+
+fn export_gauges(pool: usize, snap: &Snapshot, metrics: &mut impl Metrics) {
+    let pairs = [
+        (Gauge::RemainingRequests, snap.requests.remaining),
+        (Gauge::RemainingTokens, snap.tokens.remaining),
+        (Gauge::RemainingInputTokens, snap.input_tokens.remaining),
+        (Gauge::RemainingOutputTokens, snap.output_tokens.remaining),
+        (Gauge::LimitRequests, snap.requests.limit),
+        (Gauge::LimitTokens, snap.tokens.limit),
+        (Gauge::ResetRequestsMs, snap.requests.reset_ms),
+        (Gauge::ResetTokensMs, snap.tokens.reset_ms),
+    ];
+    for (g, v) in pairs {
+        if let Some(v) = v {
+            metrics.gauge(pool, g, v);
+        }
+    }
+}

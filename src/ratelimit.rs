@@ -1,0 +1,176 @@
+//! The provider's own rate-limit headers, read into one snapshot per response.
+//!
+//! OpenAI and Azure: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (resets are Go
+//! durations). Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
+//! {limit,remaining,reset}` (resets are RFC 3339 instants). IETF drafts: the structured
+//! `RateLimit` / `RateLimit-Policy` fields and the older `RateLimit-Limit/-Remaining/-Reset`.
+
+use crate::headers::Headers;
+use crate::time;
+
+/// A rate-limit dimension a provider counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    Requests,
+    Tokens,
+    InputTokens,
+    OutputTokens,
+}
+
+impl Dimension {
+    pub const ALL: [Dimension; 4] = [
+        Dimension::Requests,
+        Dimension::Tokens,
+        Dimension::InputTokens,
+        Dimension::OutputTokens,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Requests => "requests",
+            Dimension::Tokens => "tokens",
+            Dimension::InputTokens => "input_tokens",
+            Dimension::OutputTokens => "output_tokens",
+        }
+    }
+}
+
+/// Limit, remaining and time-to-reset of one dimension, each only when the provider said so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub limit: Option<u64>,
+    pub remaining: Option<u64>,
+    pub reset_ms: Option<u64>,
+}
+
+impl Window {
+    fn is_empty(&self) -> bool {
+        self.limit.is_none() && self.remaining.is_none() && self.reset_ms.is_none()
+    }
+}
+
+/// Everything one response said about the caller's rate limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub requests: Window,
+    pub tokens: Window,
+    pub input_tokens: Window,
+    pub output_tokens: Window,
+}
+
+impl Snapshot {
+    pub fn window(&self, d: Dimension) -> &Window {
+        match d {
+            Dimension::Requests => &self.requests,
+            Dimension::Tokens => &self.tokens,
+            Dimension::InputTokens => &self.input_tokens,
+            Dimension::OutputTokens => &self.output_tokens,
+        }
+    }
+
+    fn window_mut(&mut self, d: Dimension) -> &mut Window {
+        match d {
+            Dimension::Requests => &mut self.requests,
+            Dimension::Tokens => &mut self.tokens,
+            Dimension::InputTokens => &mut self.input_tokens,
+            Dimension::OutputTokens => &mut self.output_tokens,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        Dimension::ALL.iter().all(|d| self.window(*d).is_empty())
+    }
+
+    /// Dimensions the provider reports as used up (remaining = 0).
+    pub fn exhausted(&self) -> impl Iterator<Item = Dimension> + '_ {
+        Dimension::ALL
+            .into_iter()
+            .filter(|d| self.window(*d).remaining == Some(0))
+    }
+
+    /// The longest reset among the exhausted dimensions: the earliest moment every exhausted
+    /// dimension has room again.
+    pub fn exhausted_reset_ms(&self) -> Option<u64> {
+        self.exhausted()
+            .filter_map(|d| self.window(d).reset_ms)
+            .max()
+    }
+}
+
+fn uint(h: &Headers, name: &str) -> Option<u64> {
+    let s = h.get_str(name)?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Saturate absurd values instead of rejecting them: "more than we can count" is still
+    // "not zero".
+    Some(s.parse::<u64>().unwrap_or(u64::MAX))
+}
+
+/// Read every rate-limit header family present on a response.
+pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
+    let mut snap = Snapshot::default();
+    // OpenAI / Azure OpenAI.
+    for (d, suffix) in [(Dimension::Requests, "requests"), (Dimension::Tokens, "tokens")] {
+        let w = snap.window_mut(d);
+        w.limit = uint(h, &format!("x-ratelimit-limit-{suffix}"));
+        w.remaining = uint(h, &format!("x-ratelimit-remaining-{suffix}"));
+        w.reset_ms = h
+            .get_str(&format!("x-ratelimit-reset-{suffix}"))
+            .and_then(time::parse_go_duration_ms);
+    }
+    // Anthropic (fills what OpenAI headers did not).
+    for (d, part) in [
+        (Dimension::Requests, "requests"),
+        (Dimension::Tokens, "tokens"),
+        (Dimension::InputTokens, "input-tokens"),
+        (Dimension::OutputTokens, "output-tokens"),
+    ] {
+        let w = snap.window_mut(d);
+        let prefix = format!("anthropic-ratelimit-{part}");
+        w.limit = w.limit.or_else(|| uint(h, &format!("{prefix}-limit")));
+        w.remaining = w.remaining.or_else(|| uint(h, &format!("{prefix}-remaining")));
+        w.reset_ms = w.reset_ms.or_else(|| {
+            h.get_str(&format!("{prefix}-reset"))
+                .and_then(time::parse_rfc3339_ms)
+                .and_then(|at| time::until(at, now_ms))
+        });
+    }
+    // IETF fields describe requests unless a provider-specific family already did.
+    if snap.requests.is_empty() {
+        snap.requests = parse_ietf(h);
+    }
+    snap
+}
+
+/// `RateLimit: "default";r=50;t=30`, `RateLimit-Policy: "default";q=100;w=60`, or the older
+/// `RateLimit-Limit: 100`, `RateLimit-Remaining: 50`, `RateLimit-Reset: 30` (seconds).
+fn parse_ietf(h: &Headers) -> Window {
+    let mut w = Window::default();
+    if let Some(v) = h.get_str("ratelimit") {
+        w.remaining = sf_param(v, "r");
+        w.reset_ms = sf_param(v, "t").map(|s| s.saturating_mul(1000).min(time::MAX_PARSED_MS));
+    }
+    if let Some(v) = h.get_str("ratelimit-policy") {
+        w.limit = sf_param(v, "q");
+    }
+    w.limit = w.limit.or_else(|| uint(h, "ratelimit-limit"));
+    w.remaining = w.remaining.or_else(|| uint(h, "ratelimit-remaining"));
+    w.reset_ms = w.reset_ms.or_else(|| {
+        h.get_str("ratelimit-reset")
+            .and_then(|s| time::parse_decimal_ms(s, 1000))
+    });
+    w
+}
+
+/// The integer parameter `key` of the first list member of a structured field.
+fn sf_param(v: &str, key: &str) -> Option<u64> {
+    let first = v.split(',').next()?;
+    first.split(';').skip(1).find_map(|p| {
+        let (k, val) = p.trim().split_once('=')?;
+        (k.trim() == key)
+            .then(|| val.trim())
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .map(|s| s.parse::<u64>().unwrap_or(u64::MAX))
+    })
+}

@@ -1,0 +1,119 @@
+//! What clients see: the governed headers, and the bodies of locally generated answers.
+
+use crate::classify::{Class, Dialect};
+use crate::retry_after;
+
+/// Who answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerSource {
+    /// The provider answered; the filter rewrote the headers.
+    Upstream,
+    /// Answered locally because the provider is cooling this (pool, account).
+    Cooldown,
+    /// Answered locally because a local bucket is empty.
+    Limit,
+}
+
+impl AnswerSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnswerSource::Upstream => "upstream",
+            AnswerSource::Cooldown => "cooldown",
+            AnswerSource::Limit => "limit",
+        }
+    }
+}
+
+/// The headers every governed answer carries, in order.
+pub fn governed_headers(class: Class, source: AnswerSource, delay_ms: u64) -> Vec<(&'static str, String)> {
+    let (ms, secs) = retry_after::header_values(delay_ms);
+    vec![
+        ("retry-after-ms", ms),
+        ("retry-after", secs),
+        ("x-should-retry", class.should_retry().to_string()),
+        ("x-llm-governor-class", class.as_str().to_string()),
+        ("x-llm-governor-source", source.as_str().to_string()),
+    ]
+}
+
+/// The IETF rate-limit fields of an empty local bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitFields {
+    pub name: String,
+    pub quota: u64,
+    pub window_s: u64,
+    pub remaining: u64,
+    pub reset_s: u64,
+}
+
+/// A locally generated answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+pub fn local_reply(
+    dialect: Dialect,
+    class: Class,
+    source: AnswerSource,
+    delay_ms: u64,
+    limit: Option<&LimitFields>,
+) -> LocalReply {
+    let mut headers = governed_headers(class, source, delay_ms);
+    headers.push(("content-type", "application/json".to_string()));
+    if let Some(l) = limit {
+        headers.push(("ratelimit-policy", format!("\"{}\";q={};w={}", l.name, l.quota, l.window_s)));
+        headers.push(("ratelimit", format!("\"{}\";r={};t={}", l.name, l.remaining, l.reset_s)));
+    }
+    let message = message(class, source, delay_ms, limit);
+    LocalReply {
+        status: 429,
+        headers,
+        body: body(dialect, class, &message),
+    }
+}
+
+fn message(class: Class, source: AnswerSource, delay_ms: u64, limit: Option<&LimitFields>) -> String {
+    match (source, limit) {
+        (AnswerSource::Limit, Some(l)) => format!(
+            "llm_governor: local limit {:?} is exhausted; retry after {delay_ms} ms",
+            l.name
+        ),
+        _ if class == Class::QuotaExhausted => {
+            "llm_governor: the provider reported this account's quota or spend limit as exhausted; \
+             retrying will not help until it is raised"
+                .to_string()
+        }
+        _ => format!(
+            "llm_governor: the provider asked this account to wait ({}); answered at the gateway; \
+             retry after {delay_ms} ms",
+            class.as_str()
+        ),
+    }
+}
+
+fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
+    let value = match dialect {
+        Dialect::Anthropic => {
+            let kind = if class == Class::Overloaded { "overloaded_error" } else { "rate_limit_error" };
+            serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+        }
+        Dialect::Gemini => serde_json::json!({"error": {
+            "code": 429,
+            "message": message,
+            "status": "RESOURCE_EXHAUSTED",
+        }}),
+        Dialect::OpenAi | Dialect::AzureOpenAi | Dialect::Auto => {
+            let code = match class {
+                Class::QuotaExhausted => "insufficient_quota",
+                Class::RateLimited => "rate_limit_exceeded",
+                Class::Overloaded => "overloaded",
+            };
+            let kind = if class == Class::QuotaExhausted { "insufficient_quota" } else { "rate_limit_error" };
+            serde_json::json!({"error": {"type": kind, "code": code, "message": message, "param": null}})
+        }
+    };
+    value.to_string().into_bytes()
+}
