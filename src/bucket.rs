@@ -77,11 +77,25 @@ impl Bucket {
                 ..b
             };
             let remaining = u64::try_from(after.level / UNIT).unwrap_or(0);
-            (after, Take { admitted: true, remaining, wait_ms: 0 })
+            (
+                after,
+                Take {
+                    admitted: true,
+                    remaining,
+                    wait_ms: 0,
+                },
+            )
         } else {
             let wait_ms = wait_for(shape, want.min(to_units(shape.burst)) - b.level);
             let remaining = u64::try_from(b.level.max(0) / UNIT).unwrap_or(0);
-            (b, Take { admitted: false, remaining, wait_ms })
+            (
+                b,
+                Take {
+                    admitted: false,
+                    remaining,
+                    wait_ms,
+                },
+            )
         }
     }
 
@@ -97,11 +111,15 @@ impl Bucket {
 }
 
 fn to_units(tokens: u64) -> i64 {
-    i64::try_from(tokens).unwrap_or(i64::MAX / UNIT).saturating_mul(UNIT)
+    i64::try_from(tokens)
+        .unwrap_or(i64::MAX / UNIT)
+        .saturating_mul(UNIT)
 }
 
 fn units_per_ms(shape: Shape) -> i64 {
-    i64::try_from(shape.per_minute).unwrap_or(i64::MAX / 50).saturating_mul(50)
+    i64::try_from(shape.per_minute)
+        .unwrap_or(i64::MAX / 50)
+        .saturating_mul(50)
 }
 
 /// Milliseconds until `deficit` units have refilled, rounded up.
@@ -117,7 +135,10 @@ fn wait_for(shape: Shape, deficit: i64) -> u64 {
 mod tests {
     use super::*;
 
-    const SHAPE: Shape = Shape { per_minute: 60, burst: 5 };
+    const SHAPE: Shape = Shape {
+        per_minute: 60,
+        burst: 5,
+    };
 
     #[test]
     fn burst_then_refill_one_per_second() {
@@ -140,7 +161,10 @@ mod tests {
 
     #[test]
     fn slow_rates_do_not_lose_fractions() {
-        let shape = Shape { per_minute: 1, burst: 1 };
+        let shape = Shape {
+            per_minute: 1,
+            burst: 1,
+        };
         let mut b = Bucket::full(shape, 0);
         b = b.take(shape, 0, 1).0;
         // Evaluate every millisecond for a minute: must be exactly refilled at 60 s.
@@ -160,7 +184,10 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_and_rejects_garbage() {
-        let b = Bucket { level: -42, updated_ms: u64::MAX };
+        let b = Bucket {
+            level: -42,
+            updated_ms: u64::MAX,
+        };
         assert_eq!(Bucket::decode(&b.encode()), Some(b));
         assert_eq!(Bucket::decode(&[1, 2, 3]), None);
         assert_eq!(Bucket::decode(&[0; 17]), None);
@@ -168,7 +195,10 @@ mod tests {
 
     #[test]
     fn debt_delays_admission() {
-        let shape = Shape { per_minute: 600, burst: 100 };
+        let shape = Shape {
+            per_minute: 600,
+            burst: 100,
+        };
         let b = Bucket::full(shape, 0).charge(shape, 0, 150);
         assert_eq!(b.level, -50 * UNIT);
         let (_, t) = b.take(shape, 0, 1);
@@ -179,7 +209,10 @@ mod tests {
 
     #[test]
     fn huge_values_saturate() {
-        let shape = Shape { per_minute: 1_000_000_000, burst: 1_000_000_000 };
+        let shape = Shape {
+            per_minute: 1_000_000_000,
+            burst: 1_000_000_000,
+        };
         let b = Bucket::full(shape, 0);
         let (_, t) = b.take(shape, u64::MAX, u64::MAX);
         assert!(!t.admitted);

@@ -104,7 +104,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             pools: vec![default_pool()],
-            account_headers: DEFAULT_ACCOUNT_HEADERS.iter().map(|s| s.to_string()).collect(),
+            account_headers: DEFAULT_ACCOUNT_HEADERS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             retry_after: RetryAfter {
                 default_ms: 1000,
                 max_ms: 60_000,
@@ -135,7 +138,8 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Config::default());
     }
-    let root: Value = serde_json::from_slice(bytes).map_err(|e| err("", format!("not valid JSON: {e}")))?;
+    let root: Value =
+        serde_json::from_slice(bytes).map_err(|e| err("", format!("not valid JSON: {e}")))?;
     let mut cfg = Config::default();
     let obj = Obj::new(&root, "")?;
     obj.only(&[
@@ -154,7 +158,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         for (i, item) in items.iter().enumerate() {
             let pool = parse_pool(item, &format!("pools[{i}]"))?;
             if pools.iter().any(|p: &Pool| p.name == pool.name) {
-                return Err(err(&format!("pools[{i}].name"), format!("duplicate pool name {:?}", pool.name)));
+                return Err(err(
+                    &format!("pools[{i}].name"),
+                    format!("duplicate pool name {:?}", pool.name),
+                ));
             }
             pools.push(pool);
         }
@@ -191,7 +198,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             r.jitter = j;
         }
         if r.default_ms > r.max_ms {
-            return Err(err("retry_after.default_ms", format!("must be <= retry_after.max_ms ({})", r.max_ms)));
+            return Err(err(
+                "retry_after.default_ms",
+                format!("must be <= retry_after.max_ms ({})", r.max_ms),
+            ));
         }
     }
 
@@ -219,7 +229,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         for (i, item) in items.iter().enumerate() {
             let limit = parse_limit(item, &format!("limits[{i}]"))?;
             if cfg.limits.iter().any(|l| l.name == limit.name) {
-                return Err(err(&format!("limits[{i}].name"), format!("duplicate limit name {:?}", limit.name)));
+                return Err(err(
+                    &format!("limits[{i}].name"),
+                    format!("duplicate limit name {:?}", limit.name),
+                ));
             }
             cfg.limits.push(limit);
         }
@@ -239,7 +252,10 @@ fn parse_pool(v: &Value, at: &str) -> Result<Pool, ConfigError> {
         None => return Err(err(&format!("{at}.name"), "is required".into())),
     };
     if name == DEFAULT_POOL {
-        return Err(err(&format!("{at}.name"), "\"default\" is reserved for requests that match no pool".into()));
+        return Err(err(
+            &format!("{at}.name"),
+            "\"default\" is reserved for requests that match no pool".into(),
+        ));
     }
     let mut matcher = Match::default();
     if let Some(v) = o.get("match") {
@@ -249,7 +265,10 @@ fn parse_pool(v: &Value, at: &str) -> Result<Pool, ConfigError> {
         if let Some(v) = m.get("path_prefix") {
             let s = string(v, &format!("{at}.path_prefix"))?;
             if !s.starts_with('/') {
-                return Err(err(&format!("{at}.path_prefix"), "must start with '/'".into()));
+                return Err(err(
+                    &format!("{at}.path_prefix"),
+                    "must start with '/'".into(),
+                ));
             }
             matcher.path_prefix = Some(s.to_string());
         }
@@ -287,12 +306,22 @@ fn parse_pool(v: &Value, at: &str) -> Result<Pool, ConfigError> {
         }
         None => Dialect::Auto,
     };
-    Ok(Pool { name, matcher, dialect })
+    Ok(Pool {
+        name,
+        matcher,
+        dialect,
+    })
 }
 
 fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
     let o = Obj::new(v, at)?;
-    o.only(&["name", "key", "requests_per_minute", "tokens_per_minute", "burst"])?;
+    o.only(&[
+        "name",
+        "key",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "burst",
+    ])?;
     let name = match o.get("name") {
         Some(v) => stat_name(v, &format!("{at}.name"))?,
         None => return Err(err(&format!("{at}.name"), "is required".into())),
@@ -308,7 +337,9 @@ fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
                     _ => {
                         return Err(err(
                             &format!("{at}.key"),
-                            format!("must be \"header:<name>\", \"account\" or \"pool\", got {s:?}"),
+                            format!(
+                                "must be \"header:<name>\", \"account\" or \"pool\", got {s:?}"
+                            ),
                         ))
                     }
                 },
@@ -317,20 +348,38 @@ fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
         None => return Err(err(&format!("{at}.key"), "is required".into())),
     };
     let (kind, per_minute) = match (o.get("requests_per_minute"), o.get("tokens_per_minute")) {
-        (Some(v), None) => (LimitKind::Requests, positive(v, &format!("{at}.requests_per_minute"))?),
-        (None, Some(v)) => (LimitKind::Tokens, positive(v, &format!("{at}.tokens_per_minute"))?),
+        (Some(v), None) => (
+            LimitKind::Requests,
+            positive(v, &format!("{at}.requests_per_minute"))?,
+        ),
+        (None, Some(v)) => (
+            LimitKind::Tokens,
+            positive(v, &format!("{at}.tokens_per_minute"))?,
+        ),
         (Some(_), Some(_)) => {
-            return Err(err(at, "set either requests_per_minute or tokens_per_minute, not both".into()))
+            return Err(err(
+                at,
+                "set either requests_per_minute or tokens_per_minute, not both".into(),
+            ))
         }
         (None, None) => {
-            return Err(err(at, "one of requests_per_minute or tokens_per_minute is required".into()))
+            return Err(err(
+                at,
+                "one of requests_per_minute or tokens_per_minute is required".into(),
+            ))
         }
     };
     let burst = match o.get("burst") {
         Some(v) => positive(v, &format!("{at}.burst"))?,
         None => per_minute,
     };
-    Ok(Limit { name, key, kind, per_minute, burst })
+    Ok(Limit {
+        name,
+        key,
+        kind,
+        per_minute,
+        burst,
+    })
 }
 
 fn positive(v: &Value, at: &str) -> Result<u64, ConfigError> {
@@ -344,7 +393,10 @@ fn positive(v: &Value, at: &str) -> Result<u64, ConfigError> {
 }
 
 fn err(field: &str, reason: String) -> ConfigError {
-    ConfigError { field: field.to_string(), reason }
+    ConfigError {
+        field: field.to_string(),
+        reason,
+    }
 }
 
 /// A JSON object being validated, with its path for error messages.
@@ -364,8 +416,15 @@ impl<'a> Obj<'a> {
     fn only(&self, known: &[&str]) -> Result<(), ConfigError> {
         match self.map.keys().find(|k| !known.contains(&k.as_str())) {
             Some(k) => {
-                let field = if self.at.is_empty() { k.clone() } else { format!("{}.{k}", self.at) };
-                Err(err(&field, format!("unknown field (expected one of: {})", known.join(", "))))
+                let field = if self.at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{}.{k}", self.at)
+                };
+                Err(err(
+                    &field,
+                    format!("unknown field (expected one of: {})", known.join(", ")),
+                ))
             }
             None => Ok(()),
         }
@@ -412,7 +471,10 @@ fn uint_in(v: &Value, at: &str, min: u64, max: u64) -> Result<u64, ConfigError> 
     match v.as_u64() {
         Some(n) if (min..=max).contains(&n) => Ok(n),
         Some(_) => Err(err(at, format!("must be between {min} and {max}"))),
-        None => Err(err(at, format!("must be an integer between {min} and {max}"))),
+        None => Err(err(
+            at,
+            format!("must be an integer between {min} and {max}"),
+        )),
     }
 }
 
@@ -420,7 +482,8 @@ fn uint_in(v: &Value, at: &str, min: u64, max: u64) -> Result<u64, ConfigError> 
 fn stat_name(v: &Value, at: &str) -> Result<String, ConfigError> {
     let s = string(v, at)?;
     let ok = (1..=32).contains(&s.len())
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
     if ok {
         Ok(s.to_string())
     } else {

@@ -131,7 +131,10 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn count_of(&self, pool: usize, c: Counter) -> usize {
-        self.counters.iter().filter(|(p, x)| *p == pool && *x == c).count()
+        self.counters
+            .iter()
+            .filter(|(p, x)| *p == pool && *x == c)
+            .count()
     }
 
     pub fn last_gauge(&self, pool: usize, g: Gauge) -> Option<u64> {

@@ -111,7 +111,11 @@ pub struct Governor {
 
 impl Governor {
     pub fn new(cfg: Config) -> Governor {
-        let pool_ids = cfg.pools.iter().map(|p| keys::fnv1a64(p.name.as_bytes())).collect();
+        let pool_ids = cfg
+            .pools
+            .iter()
+            .map(|p| keys::fnv1a64(p.name.as_bytes()))
+            .collect();
         Governor { cfg, pool_ids }
     }
 
@@ -124,11 +128,13 @@ impl Governor {
             .unwrap_or(self.cfg.pools.len().saturating_sub(1))
     }
 
+    /// The id of the credential: the first present account header, hashed. A `Bearer ` prefix
+    /// is dropped so the same key sent as `authorization` or as `x-api-key` is one account.
     pub fn account_of(&self, h: &Headers) -> u64 {
         self.cfg
             .account_headers
             .iter()
-            .find_map(|name| h.get(name).filter(|v| !v.is_empty()))
+            .find_map(|name| h.get(name).map(strip_bearer).filter(|v| !v.is_empty()))
             .map_or(keys::NO_ACCOUNT, keys::fnv1a64)
     }
 
@@ -142,7 +148,9 @@ impl Governor {
         let mut flow = Flow {
             pool,
             account: self.account_of(&req.headers),
-            dialect: self.cfg.pools[pool].dialect.resolve_for_request(req.path, &req.headers),
+            dialect: self.cfg.pools[pool]
+                .dialect
+                .resolve_for_request(req.path, &req.headers),
             streak: 0,
         };
         if self.cfg.cooldown.enabled {
@@ -178,14 +186,24 @@ impl Governor {
                 };
                 env.metrics.count(pool, Counter::LocalRejectLimit);
                 env.metrics.retry_after(pool, delay);
-                let reply = reply::local_reply(flow.dialect, Class::RateLimited, AnswerSource::Limit, delay, Some(&fields));
+                let reply = reply::local_reply(
+                    flow.dialect,
+                    Class::RateLimited,
+                    AnswerSource::Limit,
+                    delay,
+                    Some(&fields),
+                );
                 return RequestDecision::Reply(flow, reply);
             }
         }
         RequestDecision::Forward(flow)
     }
 
-    fn answer_from_cooldown<S, M, R>(&self, flow: &mut Flow, env: &mut Env<S, M, R>) -> Option<LocalReply>
+    fn answer_from_cooldown<S, M, R>(
+        &self,
+        flow: &mut Flow,
+        env: &mut Env<S, M, R>,
+    ) -> Option<LocalReply>
     where
         S: SharedStore + ?Sized,
         M: Metrics,
@@ -199,8 +217,16 @@ impl Governor {
             .flatten()
             .and_then(|(b, _)| CooldownRecord::decode(&b))?;
         flow.streak = rec.streak;
-        let remaining = rec.deadline_ms.checked_sub(env.now_ms).filter(|ms| *ms > 0)?;
-        let delay = retry_after::told(remaining, u64::from(rec.period_ms), &self.cfg.retry_after, env.rng);
+        let remaining = rec
+            .deadline_ms
+            .checked_sub(env.now_ms)
+            .filter(|ms| *ms > 0)?;
+        let delay = retry_after::told(
+            remaining,
+            u64::from(rec.period_ms),
+            &self.cfg.retry_after,
+            env.rng,
+        );
         let counter = if rec.class == Class::QuotaExhausted {
             Counter::LocalRejectQuota
         } else {
@@ -208,13 +234,26 @@ impl Governor {
         };
         env.metrics.count(flow.pool, counter);
         env.metrics.retry_after(flow.pool, delay);
-        Some(reply::local_reply(flow.dialect, rec.class, AnswerSource::Cooldown, delay, None))
+        Some(reply::local_reply(
+            flow.dialect,
+            rec.class,
+            AnswerSource::Cooldown,
+            delay,
+            None,
+        ))
     }
 
     /// Take one token from the bucket of (limit, key). None when shared data could not be
     /// updated: the request is then admitted (fail-open) and `store_contention` counts it, so
     /// the governor never rejects traffic because of its own bookkeeping.
-    fn take<S, M, R>(&self, limit: usize, key_id: u64, shape: Shape, pool: usize, env: &mut Env<S, M, R>) -> Option<Take>
+    fn take<S, M, R>(
+        &self,
+        limit: usize,
+        key_id: u64,
+        shape: Shape,
+        pool: usize,
+        env: &mut Env<S, M, R>,
+    ) -> Option<Take>
     where
         S: SharedStore + ?Sized,
         M: Metrics,
@@ -228,7 +267,9 @@ impl Governor {
         let now = env.now_ms;
         let init = Bucket::full(shape, now).encode();
         let result = store::update(env.store, &key, Some(&init), |cur| {
-            let b = cur.and_then(Bucket::decode).unwrap_or_else(|| Bucket::full(shape, now));
+            let b = cur
+                .and_then(Bucket::decode)
+                .unwrap_or_else(|| Bucket::full(shape, now));
             let (after, take) = b.take(shape, now, 1);
             let write = (after != b || cur.is_none()).then(|| after.encode().to_vec());
             (write, take)
@@ -250,7 +291,9 @@ impl Governor {
     {
         env.metrics.count(pool, Counter::StoreContention);
         if let UpdateError::Host(msg) = e {
-            log::warn!("llm_governor: shared data update of {key} failed ({msg}); admitting the request");
+            log::warn!(
+                "llm_governor: shared data update of {key} failed ({msg}); admitting the request"
+            );
         }
     }
 
@@ -422,7 +465,14 @@ impl Governor {
 
     /// Record a cooldown of `ms` for the flow's (pool, account), keeping any later deadline,
     /// and the backoff streak. Returns whether shared data was written.
-    fn cool<S, M, R>(&self, flow: &Flow, class: Class, ms: Option<u64>, streak: u8, env: &mut Env<S, M, R>) -> bool
+    fn cool<S, M, R>(
+        &self,
+        flow: &Flow,
+        class: Class,
+        ms: Option<u64>,
+        streak: u8,
+        env: &mut Env<S, M, R>,
+    ) -> bool
     where
         S: SharedStore + ?Sized,
         M: Metrics,
@@ -443,7 +493,9 @@ impl Governor {
             let old = cur.and_then(CooldownRecord::decode);
             let next = match (old, wanted) {
                 // Re-cooling keeps the later deadline, never the shorter.
-                (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => CooldownRecord { streak, ..o },
+                (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => {
+                    CooldownRecord { streak, ..o }
+                }
                 (_, Some(w)) => w,
                 (Some(o), None) => CooldownRecord { streak, ..o },
                 (None, None) => CooldownRecord {
@@ -463,6 +515,13 @@ impl Governor {
                 false
             }
         }
+    }
+}
+
+fn strip_bearer(v: &[u8]) -> &[u8] {
+    match v.get(..7) {
+        Some(p) if p.eq_ignore_ascii_case(b"bearer ") => v[7..].trim_ascii_start(),
+        _ => v,
     }
 }
 

@@ -111,7 +111,10 @@ fn uint(h: &Headers, name: &str) -> Option<u64> {
 pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
     let mut snap = Snapshot::default();
     // OpenAI / Azure OpenAI.
-    for (d, suffix) in [(Dimension::Requests, "requests"), (Dimension::Tokens, "tokens")] {
+    for (d, suffix) in [
+        (Dimension::Requests, "requests"),
+        (Dimension::Tokens, "tokens"),
+    ] {
         let w = snap.window_mut(d);
         w.limit = uint(h, &format!("x-ratelimit-limit-{suffix}"));
         w.remaining = uint(h, &format!("x-ratelimit-remaining-{suffix}"));
@@ -129,7 +132,9 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
         let w = snap.window_mut(d);
         let prefix = format!("anthropic-ratelimit-{part}");
         w.limit = w.limit.or_else(|| uint(h, &format!("{prefix}-limit")));
-        w.remaining = w.remaining.or_else(|| uint(h, &format!("{prefix}-remaining")));
+        w.remaining = w
+            .remaining
+            .or_else(|| uint(h, &format!("{prefix}-remaining")));
         w.reset_ms = w.reset_ms.or_else(|| {
             h.get_str(&format!("{prefix}-reset"))
                 .and_then(time::parse_rfc3339_ms)

@@ -25,7 +25,11 @@ impl AnswerSource {
 }
 
 /// The headers every governed answer carries, in order.
-pub fn governed_headers(class: Class, source: AnswerSource, delay_ms: u64) -> Vec<(&'static str, String)> {
+pub fn governed_headers(
+    class: Class,
+    source: AnswerSource,
+    delay_ms: u64,
+) -> Vec<(&'static str, String)> {
     let (ms, secs) = retry_after::header_values(delay_ms);
     vec![
         ("retry-after-ms", ms),
@@ -64,8 +68,14 @@ pub fn local_reply(
     let mut headers = governed_headers(class, source, delay_ms);
     headers.push(("content-type", "application/json".to_string()));
     if let Some(l) = limit {
-        headers.push(("ratelimit-policy", format!("\"{}\";q={};w={}", l.name, l.quota, l.window_s)));
-        headers.push(("ratelimit", format!("\"{}\";r={};t={}", l.name, l.remaining, l.reset_s)));
+        headers.push((
+            "ratelimit-policy",
+            format!("\"{}\";q={};w={}", l.name, l.quota, l.window_s),
+        ));
+        headers.push((
+            "ratelimit",
+            format!("\"{}\";r={};t={}", l.name, l.remaining, l.reset_s),
+        ));
     }
     let message = message(class, source, delay_ms, limit);
     LocalReply {
@@ -75,7 +85,12 @@ pub fn local_reply(
     }
 }
 
-fn message(class: Class, source: AnswerSource, delay_ms: u64, limit: Option<&LimitFields>) -> String {
+fn message(
+    class: Class,
+    source: AnswerSource,
+    delay_ms: u64,
+    limit: Option<&LimitFields>,
+) -> String {
     match (source, limit) {
         (AnswerSource::Limit, Some(l)) => format!(
             "llm_governor: local limit {:?} is exhausted; retry after {delay_ms} ms",
@@ -97,7 +112,11 @@ fn message(class: Class, source: AnswerSource, delay_ms: u64, limit: Option<&Lim
 fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
     let value = match dialect {
         Dialect::Anthropic => {
-            let kind = if class == Class::Overloaded { "overloaded_error" } else { "rate_limit_error" };
+            let kind = if class == Class::Overloaded {
+                "overloaded_error"
+            } else {
+                "rate_limit_error"
+            };
             serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
         }
         Dialect::Gemini => serde_json::json!({"error": {
@@ -111,7 +130,11 @@ fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
                 Class::RateLimited => "rate_limit_exceeded",
                 Class::Overloaded => "overloaded",
             };
-            let kind = if class == Class::QuotaExhausted { "insufficient_quota" } else { "rate_limit_error" };
+            let kind = if class == Class::QuotaExhausted {
+                "insufficient_quota"
+            } else {
+                "rate_limit_error"
+            };
             serde_json::json!({"error": {"type": kind, "code": code, "message": message, "param": null}})
         }
     };

@@ -32,7 +32,10 @@ pub fn provider_delay(
     now_ms: u64,
 ) -> Option<(u64, Source)> {
     let positive = |v: Option<u64>| v.filter(|ms| *ms > 0);
-    if let Some(ms) = positive(h.get_str("retry-after-ms").and_then(|s| time::parse_decimal_ms(s, 1))) {
+    if let Some(ms) = positive(
+        h.get_str("retry-after-ms")
+            .and_then(|s| time::parse_decimal_ms(s, 1)),
+    ) {
         return Some((ms, Source::RetryAfterMs));
     }
     if let Some(v) = h.get_str("retry-after") {
@@ -56,12 +59,20 @@ pub fn provider_delay(
 fn exhausted_reset(snap: &Snapshot, body: &[u8], dialect: Dialect) -> Option<(u64, Source)> {
     let by_header = snap
         .exhausted()
-        .filter_map(|d| snap.window(d).reset_ms.filter(|ms| *ms > 0).map(|ms| (ms, Source::ResetHeader(d))))
+        .filter_map(|d| {
+            snap.window(d)
+                .reset_ms
+                .filter(|ms| *ms > 0)
+                .map(|ms| (ms, Source::ResetHeader(d)))
+        })
         .max_by_key(|(ms, _)| *ms);
     if by_header.is_some() {
         return by_header;
     }
-    if matches!(dialect, Dialect::OpenAi | Dialect::AzureOpenAi | Dialect::Auto) {
+    if matches!(
+        dialect,
+        Dialect::OpenAi | Dialect::AzureOpenAi | Dialect::Auto
+    ) {
         let d = classify::openai_error_dimension(body)?;
         let ms = snap.window(d).reset_ms.filter(|ms| *ms > 0)?;
         return Some((ms, Source::ResetHeader(d)));

@@ -65,7 +65,9 @@ pub fn update<S: SharedStore + ?Sized, T>(
 ) -> Result<Updated<T>, UpdateError> {
     let mut conflicts = 0;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let current = store.get(key).map_err(|e| UpdateError::Host(e.to_string()))?;
+        let current = store
+            .get(key)
+            .map_err(|e| UpdateError::Host(e.to_string()))?;
         let (bytes, cas) = match current {
             Some((b, cas)) => (Some(b), Some(cas)),
             None => match init {
@@ -113,16 +115,30 @@ impl MemStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every key and value, for tests that check what is stored.
+    pub fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        self.map
+            .lock()
+            .map(|m| m.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
 }
 
 impl SharedStore for MemStore {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
-        let map = self.map.lock().map_err(|_| StoreError::Host("poisoned".into()))?;
+        let map = self
+            .map
+            .lock()
+            .map_err(|_| StoreError::Host("poisoned".into()))?;
         Ok(map.get(key).cloned())
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        let mut map = self.map.lock().map_err(|_| StoreError::Host("poisoned".into()))?;
+        let mut map = self
+            .map
+            .lock()
+            .map_err(|_| StoreError::Host("poisoned".into()))?;
         if let (Some(cas), Some((_, current))) = (cas, map.get(key)) {
             let injected = self
                 .inject_conflicts
@@ -133,7 +149,11 @@ impl SharedStore for MemStore {
             }
         }
         // Envoy's tokens come from a process-wide counter and are never 0.
-        let token = self.next_cas.fetch_add(1, Ordering::SeqCst).wrapping_add(1).max(1);
+        let token = self
+            .next_cas
+            .fetch_add(1, Ordering::SeqCst)
+            .wrapping_add(1)
+            .max(1);
         map.insert(key.to_string(), (value.to_vec(), token));
         Ok(())
     }

@@ -212,10 +212,15 @@ mod tests {
         assert_eq!(parse_decimal_ms(".5", 1000), Some(500));
         assert_eq!(parse_decimal_ms("20", 1), Some(20));
         assert_eq!(parse_decimal_ms("20.1", 1), Some(21));
-        for bad in ["", ".", "-1", "+1", "1e3", "NaN", "inf", "0x10", "1.2.3", " ", "1 2"] {
+        for bad in [
+            "", ".", "-1", "+1", "1e3", "NaN", "inf", "0x10", "1.2.3", " ", "1 2",
+        ] {
             assert_eq!(parse_decimal_ms(bad, 1000), None, "{bad:?}");
         }
-        assert_eq!(parse_decimal_ms("99999999999999999999999", 1000), Some(MAX_PARSED_MS));
+        assert_eq!(
+            parse_decimal_ms("99999999999999999999999", 1000),
+            Some(MAX_PARSED_MS)
+        );
     }
 
     #[test]
@@ -241,17 +246,35 @@ mod tests {
     #[test]
     fn rfc3339() {
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339_ms("2026-11-30T16:20:05Z"), Some(1_796_055_605_000));
-        assert_eq!(parse_rfc3339_ms("2026-11-30T16:20:05.5Z"), Some(1_796_055_605_500));
-        assert_eq!(parse_rfc3339_ms("2026-11-30T17:20:05+01:00"), Some(1_796_055_605_000));
-        for bad in ["", "2026-11-30", "2026-13-30T16:20:05Z", "2026-11-30T16:20:05", "garbage-here-too-long"] {
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-30T16:20:05Z"),
+            Some(1_796_055_605_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-30T16:20:05.5Z"),
+            Some(1_796_055_605_500)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-30T17:20:05+01:00"),
+            Some(1_796_055_605_000)
+        );
+        for bad in [
+            "",
+            "2026-11-30",
+            "2026-13-30T16:20:05Z",
+            "2026-11-30T16:20:05",
+            "garbage-here-too-long",
+        ] {
             assert_eq!(parse_rfc3339_ms(bad), None, "{bad:?}");
         }
     }
 
     #[test]
     fn http_date() {
-        assert_eq!(parse_http_date_ms("Thu, 01 Jan 1970 00:00:10 GMT"), Some(10_000));
+        assert_eq!(
+            parse_http_date_ms("Thu, 01 Jan 1970 00:00:10 GMT"),
+            Some(10_000)
+        );
         assert_eq!(parse_http_date_ms("not a date"), None);
     }
 }

@@ -168,7 +168,9 @@ pub fn get_shared(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
 
 /// `cas = 0` writes unconditionally.
 pub fn set_shared(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
-    check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
+    check(unsafe {
+        proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
 }
 
 pub fn define_metric(kind: MetricType, name: &str) -> HostResult<u32> {

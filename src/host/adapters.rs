@@ -56,7 +56,11 @@ impl HostMetrics {
                     .iter()
                     .map(|g| define(MetricType::Gauge, &p.name, g.name()))
                     .collect(),
-                histogram: define(MetricType::Histogram, &p.name, metrics::RETRY_AFTER_HISTOGRAM),
+                histogram: define(
+                    MetricType::Histogram,
+                    &p.name,
+                    metrics::RETRY_AFTER_HISTOGRAM,
+                ),
             })
             .collect();
         HostMetrics { pools }

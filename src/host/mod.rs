@@ -6,8 +6,8 @@ mod abi;
 mod adapters;
 
 use crate::config;
-use crate::metrics::{Counter, Metrics};
 use crate::headers::Headers;
+use crate::metrics::{Counter, Metrics};
 use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -52,7 +52,10 @@ struct Shared {
 
 impl Shared {
     /// Run a policy call with the host's store, metrics, randomness and clock.
-    fn with_env<T>(&self, f: impl FnOnce(&Governor, &mut Env<HostStore, HostMetrics, HostRandom>) -> T) -> Option<T> {
+    fn with_env<T>(
+        &self,
+        f: impl FnOnce(&Governor, &mut Env<HostStore, HostMetrics, HostRandom>) -> T,
+    ) -> Option<T> {
         let mut metrics = self.metrics.try_borrow_mut().ok()?;
         let mut rng = self.rng.try_borrow_mut().ok()?;
         let mut env = Env {
@@ -65,7 +68,9 @@ impl Shared {
     }
 
     fn hold(&self, context_id: u32, held: Held) {
-        let Ok(mut map) = self.held.try_borrow_mut() else { return };
+        let Ok(mut map) = self.held.try_borrow_mut() else {
+            return;
+        };
         if map.is_empty() {
             let _ = abi::set_tick_period_ms(TICK_MS);
         }
@@ -79,7 +84,15 @@ impl Shared {
     /// Classify the held response of `context_id` from `body` and let its headers go.
     fn release(&self, held: &Held, body: &[u8]) {
         let governed = self
-            .with_env(|g, env| g.on_response_body(&held.flow, held.status, &Headers::new(&held.headers), body, env))
+            .with_env(|g, env| {
+                g.on_response_body(
+                    &held.flow,
+                    held.status,
+                    &Headers::new(&held.headers),
+                    body,
+                    env,
+                )
+            })
             .flatten();
         if let Some(g) = governed {
             apply(&g);
@@ -91,8 +104,15 @@ impl Shared {
         let now = abi::now_ms();
         let overdue: Vec<(u32, Held)> = match self.held.try_borrow_mut() {
             Ok(mut map) => {
-                let ids: Vec<u32> = map.iter().filter(|(_, h)| h.deadline_ms <= now).map(|(id, _)| *id).collect();
-                let out = ids.into_iter().filter_map(|id| map.remove(&id).map(|h| (id, h))).collect();
+                let ids: Vec<u32> = map
+                    .iter()
+                    .filter(|(_, h)| h.deadline_ms <= now)
+                    .map(|(id, _)| *id)
+                    .collect();
+                let out = ids
+                    .into_iter()
+                    .filter_map(|id| map.remove(&id).map(|h| (id, h)))
+                    .collect();
                 if map.is_empty() {
                     let _ = abi::set_tick_period_ms(0);
                 }
@@ -269,9 +289,16 @@ impl HttpContext for Filter {
             .unwrap_or(0);
         let now = abi::now_ms();
         let body_available = now >= self.shared.headers_only_until.get();
-        let step = self
-            .shared
-            .with_env(|g, env| g.on_response_headers(&flow, status, &Headers::new(&pairs), end_of_stream, body_available, env));
+        let step = self.shared.with_env(|g, env| {
+            g.on_response_headers(
+                &flow,
+                status,
+                &Headers::new(&pairs),
+                end_of_stream,
+                body_available,
+                env,
+            )
+        });
         match step {
             Some(ResponseStep::Rewrite(g)) => {
                 apply(&g);
@@ -294,7 +321,11 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let holding = self.shared.held.try_borrow().is_ok_and(|m| m.contains_key(&self.context_id));
+        let holding = self
+            .shared
+            .held
+            .try_borrow()
+            .is_ok_and(|m| m.contains_key(&self.context_id));
         if !holding {
             return Action::Continue;
         }

@@ -1,0 +1,161 @@
+//! Untrusted header and body bytes: each is used safely or ignored, never a panic, and a
+//! client is never told less than 1 ms or more than the cap.
+
+mod common;
+use common::{header, Host};
+use llm_governor::headers::{owned, Headers};
+use llm_governor::ratelimit;
+
+/// (header, value) pairs that must be ignored as delay sources.
+const IGNORED: &[(&str, &[u8])] = &[
+    ("retry-after", b""),
+    ("retry-after", b"   "),
+    ("retry-after", b"-5"),
+    ("retry-after", b"NaN"),
+    ("retry-after", b"inf"),
+    ("retry-after", b"0x10"),
+    ("retry-after", b"1e3"),
+    ("retry-after", b"0"),
+    ("retry-after", b"Thu, 01 Jan 1970 00:00:00 GMT"),
+    ("retry-after", b"Mon, 32 Foo 2026 99:99:99 GMT"),
+    ("retry-after", b"\xff\xfe\xfd"),
+    ("retry-after-ms", b"-1"),
+    ("retry-after-ms", b"nan"),
+    ("retry-after-ms", b"1,5"),
+    ("retry-after-ms", b"\x00"),
+    ("x-ratelimit-reset-requests", b"-1s"),
+    ("x-ratelimit-reset-requests", b"6x"),
+    ("x-ratelimit-reset-requests", b"s"),
+    (
+        "anthropic-ratelimit-requests-reset",
+        b"2026-02-30T99:00:00Z",
+    ),
+    (
+        "anthropic-ratelimit-requests-reset",
+        b"2020-01-01T00:00:00Z",
+    ),
+    ("anthropic-ratelimit-requests-reset", b"yesterday"),
+];
+
+#[test]
+fn malformed_delay_values_fall_through_to_the_backoff() {
+    for (name, value) in IGNORED {
+        let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000}}"#);
+        host.rng.0 = 0.5;
+        let flow = host.forward("/v1/chat/completions", &[]);
+        let mut hs = owned(&[("x-ratelimit-remaining-requests", "0")]);
+        hs.push((name.to_string(), value.to_vec()));
+        let governed = respond_raw(&mut host, &flow, 429, &hs, b"{}");
+        assert_eq!(governed.provider_ms, None, "{name}: {value:?} was trusted");
+        assert_eq!(governed.delay_ms, 500, "{name}: {value:?}");
+    }
+}
+
+#[test]
+fn huge_and_far_future_values_are_capped() {
+    for (name, value) in [
+        ("retry-after", "99999999999999999999999999"),
+        ("retry-after-ms", "18446744073709551616"),
+        ("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT"),
+        ("x-ratelimit-reset-requests", "99999999h"),
+    ] {
+        let mut host = Host::new("{}");
+        let flow = host.forward("/v1/chat/completions", &[]);
+        let hs = owned(&[(name, value), ("x-ratelimit-remaining-requests", "0")]);
+        let g = respond_raw(&mut host, &flow, 429, &hs, b"");
+        assert_eq!(g.delay_ms, 60_000, "{name}: {value}");
+        assert_eq!(header(&g.headers, "retry-after"), "60");
+    }
+}
+
+#[test]
+fn duplicated_headers_use_the_first() {
+    let mut host = Host::new("{}");
+    let flow = host.forward("/v1/chat/completions", &[]);
+    let hs = owned(&[("retry-after", "3"), ("retry-after", "50")]);
+    assert_eq!(
+        respond_raw(&mut host, &flow, 429, &hs, b"").provider_ms,
+        Some(3000)
+    );
+}
+
+#[test]
+fn hostile_bodies_never_panic() {
+    let bodies: Vec<Vec<u8>> = vec![
+        vec![],
+        b"{".to_vec(),
+        b"{\"error\":{\"code\":\"insufficient_qu".to_vec(),
+        b"\"retryDelay\"".to_vec(),
+        b"\"retryDelay\":".to_vec(),
+        b"\"retryDelay\": \"-5s\"".to_vec(),
+        b"\"retryDelay\": \"NaNs\"".to_vec(),
+        b"\"quotaId\": ".to_vec(),
+        b"RESOURCE_EXHAUSTED \"quotaId\":\"\\u0050erDay\"".to_vec(),
+        vec![0xff; 20_000],
+        "\u{1F600}".repeat(1000).into_bytes(),
+        b"\"type\":".repeat(5000),
+    ];
+    for body in bodies {
+        let mut host = Host::new("{}");
+        let flow = host.forward("/v1beta/models/x:generateContent", &[]);
+        let g = respond_raw(&mut host, &flow, 429, &[], &body);
+        assert!(g.delay_ms >= 1 && g.delay_ms <= 60_000);
+    }
+}
+
+#[test]
+fn truncated_quota_body_still_classifies() {
+    let mut host = Host::new("{}");
+    let flow = host.forward("/v1/chat/completions", &[]);
+    let body = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","par"#;
+    assert_eq!(
+        respond_raw(&mut host, &flow, 429, &[], body).class.as_str(),
+        "quota_exhausted"
+    );
+}
+
+#[test]
+fn rate_limit_gauges_ignore_garbage() {
+    let hs = owned(&[
+        ("x-ratelimit-remaining-requests", "-1"),
+        ("x-ratelimit-limit-requests", "12abc"),
+        ("x-ratelimit-remaining-tokens", "99999999999999999999999"),
+        ("ratelimit", "\"default\";r=;t=x"),
+    ]);
+    let snap = ratelimit::parse(&Headers::new(&hs), common::T0);
+    assert_eq!(snap.requests.remaining, None);
+    assert_eq!(snap.requests.limit, None);
+    assert_eq!(snap.tokens.remaining, Some(u64::MAX));
+}
+
+fn respond_raw(
+    host: &mut Host,
+    flow: &llm_governor::policy::Flow,
+    status: u16,
+    hs: &[(String, Vec<u8>)],
+    body: &[u8],
+) -> llm_governor::policy::Governed {
+    use llm_governor::policy::{Env, ResponseStep};
+    let mut env = Env {
+        store: &host.store,
+        metrics: &mut host.metrics,
+        rng: &mut host.rng,
+        now_ms: host.now_ms,
+    };
+    let g = match host.governor.on_response_headers(
+        flow,
+        status,
+        &Headers::new(hs),
+        false,
+        true,
+        &mut env,
+    ) {
+        ResponseStep::NeedBody => {
+            host.governor
+                .on_response_body(flow, status, &Headers::new(hs), body, &mut env)
+        }
+        ResponseStep::Rewrite(g) => Some(g),
+        ResponseStep::Pass => None,
+    };
+    g.unwrap_or_else(|| panic!("status {status} not governed"))
+}

@@ -1,0 +1,118 @@
+//! A builder-style fake host for the pure core: in-memory shared data with Envoy's semantics,
+//! recorded metrics, fixed randomness and a clock the test drives.
+#![allow(dead_code)]
+
+use llm_governor::config;
+use llm_governor::headers::{owned, Headers};
+use llm_governor::metrics::Recorded;
+use llm_governor::policy::{
+    Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
+};
+use llm_governor::retry_after::Random;
+use llm_governor::store::MemStore;
+
+/// Always returns the same value in [0, 1).
+pub struct FixedRng(pub f64);
+
+impl Random for FixedRng {
+    fn unit(&mut self) -> f64 {
+        self.0
+    }
+}
+
+pub struct Host {
+    pub governor: Governor,
+    pub store: MemStore,
+    pub metrics: Recorded,
+    pub rng: FixedRng,
+    pub now_ms: u64,
+}
+
+pub const T0: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
+
+impl Host {
+    pub fn new(config_json: &str) -> Host {
+        let cfg = match config::parse(config_json.as_bytes()) {
+            Ok(c) => c,
+            Err(e) => panic!("test config rejected: {e}"),
+        };
+        Host {
+            governor: Governor::new(cfg),
+            store: MemStore::new(),
+            metrics: Recorded::default(),
+            rng: FixedRng(0.0),
+            now_ms: T0,
+        }
+    }
+
+    pub fn request(&mut self, path: &str, headers: &[(&str, &str)]) -> RequestDecision {
+        let hs = owned(headers);
+        let view = RequestView {
+            path: path.as_bytes(),
+            authority: b"api.example.com",
+            headers: Headers::new(&hs),
+        };
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        self.governor.on_request(&view, &mut env)
+    }
+
+    /// Send a request; panics unless it is forwarded.
+    pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Flow {
+        match self.request(path, headers) {
+            RequestDecision::Forward(f) => f,
+            RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
+        }
+    }
+
+    /// A complete response: headers, then (if held) the body. Returns what the client sees.
+    pub fn respond(
+        &mut self,
+        flow: &Flow,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Option<Governed> {
+        let hs = owned(headers);
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        let step = self.governor.on_response_headers(
+            flow,
+            status,
+            &Headers::new(&hs),
+            body.is_empty(),
+            true,
+            &mut env,
+        );
+        match step {
+            ResponseStep::Pass => None,
+            ResponseStep::Rewrite(g) => Some(g),
+            ResponseStep::NeedBody => self.governor.on_response_body(
+                flow,
+                status,
+                &Headers::new(&hs),
+                body.as_bytes(),
+                &mut env,
+            ),
+        }
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+}
+
+pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
+    g.iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("missing header {name}"))
+}

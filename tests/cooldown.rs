@@ -1,0 +1,210 @@
+//! Shared cooldowns per (pool, account): answered locally while the provider says "not now".
+
+mod common;
+use common::{header, Host};
+use llm_governor::metrics::Counter;
+use llm_governor::policy::RequestDecision;
+
+const CFG: &str = r#"{"pools": [
+  {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
+  {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}
+]}"#;
+const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
+const QUOTA: &str =
+    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
+const A: (&str, &str) = ("authorization", "Bearer sk-a");
+const B: (&str, &str) = ("authorization", "Bearer sk-b");
+
+fn local(host: &mut Host, path: &str, h: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+    match host.request(path, h) {
+        RequestDecision::Reply(_, r) => {
+            assert_eq!(r.status, 429);
+            r.headers
+        }
+        RequestDecision::Forward(_) => panic!("expected a local answer"),
+    }
+}
+
+#[test]
+fn rate_limit_cools_the_account_until_the_provider_time() {
+    let mut host = Host::new(CFG);
+    let flow = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&flow, 429, &[("retry-after", "4")], RL);
+    for _ in 0..100 {
+        host.advance(39);
+        let h = local(&mut host, "/v1/chat/completions", &[A]);
+        assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
+        assert_eq!(header(&h, "x-should-retry"), "true");
+        let ms: u64 = header(&h, "retry-after-ms").parse().unwrap_or(0);
+        assert!(ms >= 4000 - 39 * 100 && ms <= 4000, "{ms}");
+    }
+    // Another account and another pool still flow.
+    host.forward("/v1/chat/completions", &[B]);
+    host.forward("/v1/messages", &[A]);
+    assert_eq!(host.metrics.count_of(0, Counter::LocalRejectCooldown), 100);
+    // At the deadline, traffic flows again.
+    host.advance(100);
+    host.forward("/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn local_answers_spread_clients_over_the_jitter_window() {
+    let mut host = Host::new(CFG);
+    host.rng.0 = 0.5;
+    let flow = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&flow, 429, &[("retry-after", "10")], RL);
+    host.advance(9_900);
+    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    // 100 ms left, plus half of 20 % of the 10 s period.
+    assert_eq!(header(&h, "retry-after-ms"), "1100");
+}
+
+#[test]
+fn quota_is_remembered_for_quota_ms_and_says_do_not_retry() {
+    let mut host = Host::new(r#"{"cooldown": {"quota_ms": 120000}}"#);
+    let flow = host.forward("/v1/chat/completions", &[A]);
+    let g = host
+        .respond(&flow, 429, &[], QUOTA)
+        .unwrap_or_else(|| panic!("not governed"));
+    assert_eq!(header(&g.headers, "x-should-retry"), "false");
+    host.advance(119_000);
+    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    assert_eq!(header(&h, "x-should-retry"), "false");
+    assert_eq!(header(&h, "x-llm-governor-class"), "quota_exhausted");
+    assert_eq!(host.metrics.count_of(0, Counter::LocalRejectQuota), 1);
+    host.advance(1_000);
+    host.forward("/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn recooling_keeps_the_later_deadline() {
+    let mut host = Host::new(CFG);
+    let f1 = host.forward("/v1/chat/completions", &[A]);
+    let f2 = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&f1, 429, &[("retry-after", "10")], RL);
+    host.respond(&f2, 429, &[("retry-after", "1")], RL);
+    host.advance(5_000);
+    local(&mut host, "/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn overload_cools_only_when_the_provider_gave_a_time() {
+    let mut host = Host::new(CFG);
+    let f = host.forward("/v1/messages", &[A]);
+    host.respond(
+        &f,
+        529,
+        &[],
+        r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+    );
+    host.forward("/v1/messages", &[A]);
+    let f = host.forward("/v1/messages", &[A]);
+    host.respond(&f, 503, &[("retry-after", "2")], "");
+    let h = local(&mut host, "/v1/messages", &[A]);
+    assert_eq!(header(&h, "x-llm-governor-class"), "overloaded");
+}
+
+#[test]
+fn cooldown_max_caps_the_cooldown_and_the_cap_never_shortens_it() {
+    let mut host = Host::new(r#"{"retry_after": {"max_ms": 2000}, "cooldown": {"max_ms": 8000}}"#);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    let g = host.respond(&f, 429, &[("retry-after", "30")], RL);
+    assert_eq!(g.map(|g| g.delay_ms), Some(2000));
+    // A client that comes back at the cap is answered locally, at no upstream cost.
+    host.advance(2_000);
+    local(&mut host, "/v1/chat/completions", &[A]);
+    host.advance(6_000);
+    host.forward("/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn preemptive_cooldown_when_nothing_is_left() {
+    for (path, headers) in [
+        (
+            "/v1/chat/completions",
+            vec![
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "3s"),
+            ],
+        ),
+        (
+            "/v1/messages",
+            vec![
+                ("anthropic-ratelimit-tokens-remaining", "0"),
+                ("anthropic-ratelimit-tokens-reset", "2026-11-30T16:20:03Z"),
+            ],
+        ),
+    ] {
+        let mut host = Host::new(CFG);
+        let f = host.forward(path, &[A]);
+        assert!(host.respond(&f, 200, &headers, "{}").is_none());
+        let h = local(&mut host, path, &[A]);
+        assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
+        host.advance(3_000);
+        host.forward(path, &[A]);
+    }
+}
+
+#[test]
+fn preemptive_off_and_cooldown_off_forward_everything() {
+    let mut host = Host::new(r#"{"preemptive": false}"#);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(
+        &f,
+        200,
+        &[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "3s"),
+        ],
+        "{}",
+    );
+    host.forward("/v1/chat/completions", &[A]);
+
+    let mut host = Host::new(r#"{"cooldown": {"enabled": false}}"#);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&f, 429, &[("retry-after", "30")], RL);
+    host.forward("/v1/chat/completions", &[A]);
+    assert!(host.store.is_empty());
+}
+
+#[test]
+fn local_bodies_speak_the_pool_dialect() {
+    let mut host = Host::new(CFG);
+    for (path, needle) in [
+        ("/v1/chat/completions", r#""code":"rate_limit_exceeded""#),
+        ("/v1/messages", r#""type":"rate_limit_error""#),
+    ] {
+        let f = host.forward(path, &[A]);
+        host.respond(&f, 429, &[("retry-after", "5")], RL);
+        match host.request(path, &[A]) {
+            RequestDecision::Reply(_, r) => {
+                let body = String::from_utf8_lossy(&r.body).into_owned();
+                assert!(body.contains(needle), "{path}: {body}");
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+                assert!(v.is_object(), "{path}: body is JSON");
+            }
+            RequestDecision::Forward(_) => panic!("{path}: forwarded"),
+        }
+    }
+}
+
+#[test]
+fn credentials_are_never_stored_and_one_key_is_one_account() {
+    let mut host = Host::new(CFG);
+    let f = host.forward(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer sk-secret-123")],
+    );
+    host.respond(&f, 429, &[("retry-after", "5")], RL);
+    let f2 = host.forward("/v1/messages", &[("x-api-key", "sk-secret-123")]);
+    assert_eq!(f.account, f2.account);
+    assert_eq!(f.account, llm_governor::keys::fnv1a64(b"sk-secret-123"));
+    let dump = host.store.dump();
+    assert!(!dump.is_empty());
+    for (k, v) in dump {
+        assert!(
+            !k.contains("secret") && !String::from_utf8_lossy(&v).contains("secret"),
+            "{k}"
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! Local request budgets and the bound on shared-data keys.
+
+mod common;
+use common::{header, Host};
+use llm_governor::metrics::Counter;
+use llm_governor::policy::RequestDecision;
+
+const CFG: &str = r#"{"limits": [
+  {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 5}
+]}"#;
+
+fn admitted(host: &mut Host, tenant: Option<&str>) -> bool {
+    let h: Vec<(&str, &str)> = tenant.map(|t| vec![("x-tenant-id", t)]).unwrap_or_default();
+    matches!(
+        host.request("/v1/chat/completions", &h),
+        RequestDecision::Forward(_)
+    )
+}
+
+#[test]
+fn burst_then_one_per_second_with_ietf_fields() {
+    let mut host = Host::new(CFG);
+    for _ in 0..5 {
+        assert!(admitted(&mut host, Some("t1")));
+    }
+    match host.request("/v1/chat/completions", &[("x-tenant-id", "t1")]) {
+        RequestDecision::Reply(_, r) => {
+            assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit");
+            assert_eq!(header(&r.headers, "retry-after-ms"), "1000");
+            assert_eq!(header(&r.headers, "retry-after"), "1");
+            assert_eq!(
+                header(&r.headers, "ratelimit-policy"),
+                "\"tenant-rpm\";q=5;w=60"
+            );
+            assert_eq!(header(&r.headers, "ratelimit"), "\"tenant-rpm\";r=0;t=1");
+        }
+        RequestDecision::Forward(_) => panic!("sixth request admitted"),
+    }
+    assert_eq!(
+        host.metrics.count_of(3, Counter::LocalRejectLimit)
+            + host.metrics.count_of(0, Counter::LocalRejectLimit),
+        1
+    );
+    // Other tenants have their own bucket.
+    assert!(admitted(&mut host, Some("t2")));
+    host.advance(1000);
+    assert!(admitted(&mut host, Some("t1")));
+    assert!(!admitted(&mut host, Some("t1")));
+}
+
+#[test]
+fn requests_without_the_header_share_one_bucket() {
+    let mut host = Host::new(CFG);
+    for _ in 0..5 {
+        assert!(admitted(&mut host, None));
+    }
+    assert!(!admitted(&mut host, None));
+    assert!(!admitted(&mut host, Some("-")));
+}
+
+#[test]
+fn account_and_pool_keys() {
+    let mut host = Host::new(
+        r#"{"limits": [
+        {"name": "per-account", "key": "account", "requests_per_minute": 600, "burst": 2},
+        {"name": "per-pool", "key": "pool", "requests_per_minute": 600, "burst": 3}
+    ]}"#,
+    );
+    let a = [("authorization", "Bearer a")];
+    let b = [("authorization", "Bearer b")];
+    assert!(matches!(
+        host.request("/x", &a),
+        RequestDecision::Forward(_)
+    ));
+    assert!(matches!(
+        host.request("/x", &a),
+        RequestDecision::Forward(_)
+    ));
+    assert!(matches!(host.request("/x", &a), RequestDecision::Reply(..)));
+    assert!(matches!(
+        host.request("/x", &b),
+        RequestDecision::Forward(_)
+    ));
+    // The pool bucket (3) is now empty for everyone.
+    assert!(matches!(host.request("/x", &b), RequestDecision::Reply(..)));
+}
+
+#[test]
+fn token_limits_are_accepted_and_do_not_block_requests_yet() {
+    let mut host =
+        Host::new(r#"{"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": 1}]}"#);
+    for _ in 0..10 {
+        assert!(admitted(&mut host, None));
+    }
+}
+
+#[test]
+fn keys_past_max_keys_share_an_overflow_bucket() {
+    let mut host = Host::new(
+        r#"{"max_keys": 10, "limits": [
+        {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 3}
+    ]}"#,
+    );
+    for i in 0..10_000 {
+        host.advance(1);
+        admitted(&mut host, Some(&format!("tenant-{i}")));
+    }
+    // 10 bucket keys, the overflow bucket and the key counter.
+    assert_eq!(
+        host.store.len(),
+        12,
+        "{:?}",
+        host.store
+            .dump()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect::<Vec<_>>()
+    );
+    assert!(host.metrics.count_of(0, Counter::OverflowKeys) >= 9_990);
+    // The overflow bucket is shared: new tenants are limited together.
+    let mut host2 = Host::new(
+        r#"{"max_keys": 1, "limits": [
+        {"name": "r", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 2}
+    ]}"#,
+    );
+    assert!(admitted(&mut host2, Some("first")));
+    assert!(admitted(&mut host2, Some("new-1")));
+    assert!(admitted(&mut host2, Some("new-2")));
+    assert!(!admitted(&mut host2, Some("new-3")));
+    assert!(admitted(&mut host2, Some("first")));
+}
+
+#[test]
+fn contention_fails_open_and_is_counted() {
+    let mut host = Host::new(
+        r#"{"limits": [{"name": "r", "key": "pool", "requests_per_minute": 60, "burst": 1}]}"#,
+    );
+    assert!(admitted(&mut host, None));
+    assert!(!admitted(&mut host, None));
+    // A token has refilled, so the take must write; every write now meets a conflict.
+    host.advance(1_000);
+    host.store
+        .inject_conflicts
+        .store(1_000, std::sync::atomic::Ordering::SeqCst);
+    assert!(admitted(&mut host, None), "a give-up admits");
+    assert_eq!(host.metrics.count_of(0, Counter::StoreContention), 1);
+}
