@@ -1,6 +1,8 @@
 //! Untrusted header and body bytes: each is used safely or ignored, never a panic, and a
 //! client is never told less than 1 ms or more than the cap.
 
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 use common::{header, Host};
 use llm_governor::headers::{owned, Headers};

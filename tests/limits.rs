@@ -1,5 +1,7 @@
 //! Local request budgets and the bound on shared-data keys.
 
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 use common::{header, Host};
 use llm_governor::metrics::Counter;

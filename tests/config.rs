@@ -1,0 +1,183 @@
+//! Configuration: the contract's example and `{}` load; every invalid input is rejected with
+//! a message naming the field.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use llm_governor::classify::Dialect;
+use llm_governor::config::{self, LimitKey, LimitKind};
+
+const CONTRACT_EXAMPLE: &str = r#"{
+  "pools": [
+    {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
+    {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}
+  ],
+  "account_headers": ["x-api-key", "authorization", "api-key", "x-goog-api-key"],
+  "retry_after": {"default_ms": 1000, "max_ms": 60000, "jitter": 0.2},
+  "cooldown": {"enabled": true, "max_ms": 300000, "quota_ms": 300000},
+  "preemptive": true,
+  "limits": [
+    {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 600, "burst": 50},
+    {"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": 200000}
+  ],
+  "max_keys": 10000
+}"#;
+
+#[test]
+fn contract_example_loads() {
+    let cfg = config::parse(CONTRACT_EXAMPLE.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = cfg.pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["openai", "anthropic", "default"]);
+    assert_eq!(cfg.pools[1].dialect, Dialect::Anthropic);
+    assert_eq!(cfg.pools[2].dialect, Dialect::Auto);
+    assert_eq!(cfg.limits[0].key, LimitKey::Header("x-tenant-id".into()));
+    assert_eq!(
+        (
+            cfg.limits[0].kind,
+            cfg.limits[0].per_minute,
+            cfg.limits[0].burst
+        ),
+        (LimitKind::Requests, 600, 50)
+    );
+    assert_eq!(
+        (cfg.limits[1].kind, cfg.limits[1].burst),
+        (LimitKind::Tokens, 200_000)
+    );
+}
+
+#[test]
+fn empty_config_gives_defaults() {
+    for input in ["{}", "", "  \n"] {
+        let cfg = config::parse(input.as_bytes()).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        assert_eq!(cfg, config::Config::default());
+        assert_eq!(cfg.retry_after.max_ms, 60_000);
+        assert_eq!(cfg.pools.len(), 1);
+    }
+}
+
+#[test]
+fn invalid_configs_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        (r#"{"bogus": 1}"#, "bogus: unknown field"),
+        (r#"[]"#, "must be an object"),
+        (r#"{"pools": {}}"#, "pools: must be an array"),
+        (
+            r#"{"pools": [{"match": {}}]}"#,
+            "pools[0].name: is required",
+        ),
+        (
+            r#"{"pools": [{"name": "Open AI"}]}"#,
+            "pools[0].name: must match [a-z0-9_-]{1,32}",
+        ),
+        (
+            r#"{"pools": [{"name": "a"}, {"name": "a"}]}"#,
+            "pools[1].name: duplicate pool name",
+        ),
+        (
+            r#"{"pools": [{"name": "default"}]}"#,
+            "pools[0].name: \"default\" is reserved",
+        ),
+        (
+            r#"{"pools": [{"name": "a", "dialect": "cohere"}]}"#,
+            "pools[0].dialect: unknown dialect",
+        ),
+        (
+            r#"{"pools": [{"name": "a", "match": {"path_prefix": "v1"}}]}"#,
+            "pools[0].match.path_prefix: must start with '/'",
+        ),
+        (
+            r#"{"pools": [{"name": "a", "match": {"header": {"name": "x"}}}]}"#,
+            "pools[0].match.header.value: is required",
+        ),
+        (
+            r#"{"pools": [{"name": "a", "match": {"pathprefix": "/"}}]}"#,
+            "pools[0].match.pathprefix: unknown field",
+        ),
+        (
+            r#"{"account_headers": ["bad header"]}"#,
+            "account_headers[0]: not a valid header name",
+        ),
+        (
+            r#"{"retry_after": {"jitter": 5}}"#,
+            "retry_after.jitter: must be between 0 and 1",
+        ),
+        (
+            r#"{"retry_after": {"jitter": "0.2"}}"#,
+            "retry_after.jitter: must be a number",
+        ),
+        (
+            r#"{"retry_after": {"max_ms": 0}}"#,
+            "retry_after.max_ms: must be between 1 and",
+        ),
+        (
+            r#"{"retry_after": {"default_ms": 1.5}}"#,
+            "retry_after.default_ms: must be an integer",
+        ),
+        (
+            r#"{"retry_after": {"default_ms": 5000, "max_ms": 1000}}"#,
+            "retry_after.default_ms: must be <= retry_after.max_ms",
+        ),
+        (
+            r#"{"cooldown": {"enabled": "yes"}}"#,
+            "cooldown.enabled: must be true or false",
+        ),
+        (
+            r#"{"cooldown": {"quota_ms": -1}}"#,
+            "cooldown.quota_ms: must be an integer",
+        ),
+        (r#"{"preemptive": 1}"#, "preemptive: must be true or false"),
+        (
+            r#"{"limits": [{"name": "x", "key": "header:x-t", "requests_per_minute": 0}]}"#,
+            "limits[0].requests_per_minute: must be > 0",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "header:x-t", "requests_per_minute": -3}]}"#,
+            "limits[0].requests_per_minute: must be > 0",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "header:x-t"}]}"#,
+            "limits[0]: one of requests_per_minute or tokens_per_minute is required",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "tokens_per_minute": 1}]}"#,
+            "limits[0]: set either",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "tenant", "requests_per_minute": 1}]}"#,
+            "limits[0].key: must be \"header:<name>\"",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "header:", "requests_per_minute": 1}]}"#,
+            "limits[0].key:",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "burst": 0}]}"#,
+            "limits[0].burst: must be > 0",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1}, {"name": "x", "key": "pool", "requests_per_minute": 1}]}"#,
+            "limits[1].name: duplicate",
+        ),
+        (r#"{"max_keys": 0}"#, "max_keys: must be between 1 and"),
+        (r#"{"pools": [{"name": "a"}"#, "not valid JSON"),
+    ];
+    for (input, expected) in cases {
+        match config::parse(input.as_bytes()) {
+            Ok(_) => panic!("accepted: {input}"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with(expected) || msg.contains(expected),
+                    "{input}\n  got: {msg}\n  want: {expected}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn header_names_are_lowercased() {
+    let cfg = config::parse(br#"{"account_headers": ["X-Api-Key"], "limits": [{"name": "t", "key": "header:X-Tenant", "requests_per_minute": 5}]}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.account_headers, ["x-api-key"]);
+    assert_eq!(cfg.limits[0].key, LimitKey::Header("x-tenant".into()));
+}
