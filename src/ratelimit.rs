@@ -107,36 +107,81 @@ fn uint(h: &Headers, name: &str) -> Option<u64> {
     Some(s.parse::<u64>().unwrap_or(u64::MAX))
 }
 
-/// Read every rate-limit header family present on a response.
+/// Header names of one dimension: (limit, remaining, reset).
+type Names = (&'static str, &'static str, &'static str);
+
+const OPENAI: [(Dimension, Names); 2] = [
+    (
+        Dimension::Requests,
+        (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+    ),
+    (
+        Dimension::Tokens,
+        (
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ),
+    ),
+];
+
+const ANTHROPIC: [(Dimension, Names); 4] = [
+    (
+        Dimension::Requests,
+        (
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ),
+    ),
+    (
+        Dimension::Tokens,
+        (
+            "anthropic-ratelimit-tokens-limit",
+            "anthropic-ratelimit-tokens-remaining",
+            "anthropic-ratelimit-tokens-reset",
+        ),
+    ),
+    (
+        Dimension::InputTokens,
+        (
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        ),
+    ),
+    (
+        Dimension::OutputTokens,
+        (
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        ),
+    ),
+];
+
+/// Read every rate-limit header family present on a response. Runs on every response, so it
+/// allocates nothing.
 pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
     let mut snap = Snapshot::default();
     // OpenAI / Azure OpenAI.
-    for (d, suffix) in [
-        (Dimension::Requests, "requests"),
-        (Dimension::Tokens, "tokens"),
-    ] {
+    for (d, (limit, remaining, reset)) in OPENAI {
         let w = snap.window_mut(d);
-        w.limit = uint(h, &format!("x-ratelimit-limit-{suffix}"));
-        w.remaining = uint(h, &format!("x-ratelimit-remaining-{suffix}"));
-        w.reset_ms = h
-            .get_str(&format!("x-ratelimit-reset-{suffix}"))
-            .and_then(time::parse_go_duration_ms);
+        w.limit = uint(h, limit);
+        w.remaining = uint(h, remaining);
+        w.reset_ms = h.get_str(reset).and_then(time::parse_go_duration_ms);
     }
     // Anthropic (fills what OpenAI headers did not).
-    for (d, part) in [
-        (Dimension::Requests, "requests"),
-        (Dimension::Tokens, "tokens"),
-        (Dimension::InputTokens, "input-tokens"),
-        (Dimension::OutputTokens, "output-tokens"),
-    ] {
+    for (d, (limit, remaining, reset)) in ANTHROPIC {
         let w = snap.window_mut(d);
-        let prefix = format!("anthropic-ratelimit-{part}");
-        w.limit = w.limit.or_else(|| uint(h, &format!("{prefix}-limit")));
-        w.remaining = w
-            .remaining
-            .or_else(|| uint(h, &format!("{prefix}-remaining")));
+        w.limit = w.limit.or_else(|| uint(h, limit));
+        w.remaining = w.remaining.or_else(|| uint(h, remaining));
         w.reset_ms = w.reset_ms.or_else(|| {
-            h.get_str(&format!("{prefix}-reset"))
+            h.get_str(reset)
                 .and_then(time::parse_rfc3339_ms)
                 .and_then(|at| time::until(at, now_ms))
         });

@@ -1,0 +1,104 @@
+//! The provider's rate-limit headers, as each provider sends them, read into one snapshot.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use llm_governor::headers::{owned, Headers};
+use llm_governor::ratelimit::{parse, Dimension, Window};
+
+const NOW: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
+
+#[test]
+fn openai_and_azure() {
+    let hs = owned(&[
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-remaining-requests", "499"),
+        ("x-ratelimit-reset-requests", "120ms"),
+        ("x-ratelimit-limit-tokens", "30000"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "6m0s"),
+    ]);
+    let s = parse(&Headers::new(&hs), NOW);
+    assert_eq!(
+        s.requests,
+        Window {
+            limit: Some(500),
+            remaining: Some(499),
+            reset_ms: Some(120)
+        }
+    );
+    assert_eq!(
+        s.tokens,
+        Window {
+            limit: Some(30000),
+            remaining: Some(0),
+            reset_ms: Some(360_000)
+        }
+    );
+    assert_eq!(s.exhausted().collect::<Vec<_>>(), [Dimension::Tokens]);
+    assert_eq!(s.exhausted_reset_ms(), Some(360_000));
+}
+
+#[test]
+fn anthropic_with_input_and_output_tokens() {
+    let hs = owned(&[
+        ("anthropic-ratelimit-requests-limit", "50"),
+        ("anthropic-ratelimit-requests-remaining", "42"),
+        ("anthropic-ratelimit-requests-reset", "2026-11-30T16:20:01Z"),
+        ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ("anthropic-ratelimit-input-tokens-remaining", "0"),
+        (
+            "anthropic-ratelimit-input-tokens-reset",
+            "2026-11-30T16:20:12.5Z",
+        ),
+        ("anthropic-ratelimit-output-tokens-remaining", "8000"),
+    ]);
+    let s = parse(&Headers::new(&hs), NOW);
+    assert_eq!(
+        s.requests,
+        Window {
+            limit: Some(50),
+            remaining: Some(42),
+            reset_ms: Some(1000)
+        }
+    );
+    assert_eq!(s.input_tokens.reset_ms, Some(12_500));
+    assert_eq!(s.output_tokens.remaining, Some(8000));
+    assert_eq!(s.exhausted().collect::<Vec<_>>(), [Dimension::InputTokens]);
+}
+
+#[test]
+fn ietf_structured_and_legacy_fields() {
+    let hs = owned(&[
+        ("ratelimit", "\"default\";r=7;t=30"),
+        ("ratelimit-policy", "\"default\";q=100;w=60"),
+    ]);
+    let s = parse(&Headers::new(&hs), NOW);
+    assert_eq!(
+        s.requests,
+        Window {
+            limit: Some(100),
+            remaining: Some(7),
+            reset_ms: Some(30_000)
+        }
+    );
+    let hs = owned(&[
+        ("ratelimit-limit", "10"),
+        ("ratelimit-remaining", "0"),
+        ("ratelimit-reset", "3"),
+    ]);
+    let s = parse(&Headers::new(&hs), NOW);
+    assert_eq!(
+        s.requests,
+        Window {
+            limit: Some(10),
+            remaining: Some(0),
+            reset_ms: Some(3000)
+        }
+    );
+}
+
+#[test]
+fn no_headers_no_snapshot() {
+    let hs = owned(&[("content-type", "application/json")]);
+    assert!(parse(&Headers::new(&hs), NOW).is_empty());
+}
