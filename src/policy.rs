@@ -14,11 +14,13 @@ use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
 use crate::retry_after::{self, Random};
 use crate::store::{self, SharedStore, UpdateError};
 
-/// What the host hands the policy for every call.
-pub struct Env<'a, S: SharedStore + ?Sized, M: Metrics, R: Random> {
-    pub store: &'a S,
-    pub metrics: &'a mut M,
-    pub rng: &'a mut R,
+/// What the host hands the policy for every call. Trait objects rather than generics: one
+/// indirect call per store or metrics operation is nothing next to a hostcall, and the policy
+/// reads as plain code.
+pub struct Env<'a> {
+    pub store: &'a dyn SharedStore,
+    pub metrics: &'a mut dyn Metrics,
+    pub rng: &'a mut dyn Random,
     pub now_ms: u64,
 }
 
@@ -138,12 +140,7 @@ impl Governor {
             .map_or(keys::NO_ACCOUNT, keys::fnv1a64)
     }
 
-    pub fn on_request<S, M, R>(&self, req: &RequestView, env: &mut Env<S, M, R>) -> RequestDecision
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
         let pool = self.pool_for(req);
         let mut flow = Flow {
             pool,
@@ -199,16 +196,7 @@ impl Governor {
         RequestDecision::Forward(flow)
     }
 
-    fn answer_from_cooldown<S, M, R>(
-        &self,
-        flow: &mut Flow,
-        env: &mut Env<S, M, R>,
-    ) -> Option<LocalReply>
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
         let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
         let rec = env
             .store
@@ -246,19 +234,14 @@ impl Governor {
     /// Take one token from the bucket of (limit, key). None when shared data could not be
     /// updated: the request is then admitted (fail-open) and `store_contention` counts it, so
     /// the governor never rejects traffic because of its own bookkeeping.
-    fn take<S, M, R>(
+    fn take(
         &self,
         limit: usize,
         key_id: u64,
         shape: Shape,
         pool: usize,
-        env: &mut Env<S, M, R>,
-    ) -> Option<Take>
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+        env: &mut Env,
+    ) -> Option<Take> {
         let name = &self.cfg.limits[limit].name;
         let mut key = keys::bucket_key(name, key_id);
         if !self.key_exists_or_admit(&key, pool, env) {
@@ -283,12 +266,7 @@ impl Governor {
         }
     }
 
-    fn store_failed<S, M, R>(&self, pool: usize, key: &str, e: &UpdateError, env: &mut Env<S, M, R>)
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    fn store_failed(&self, pool: usize, key: &str, e: &UpdateError, env: &mut Env) {
         env.metrics.count(pool, Counter::StoreContention);
         if let UpdateError::Host(msg) = e {
             log::warn!(
@@ -298,12 +276,7 @@ impl Governor {
     }
 
     /// True when `key` exists or there is room for one more key; counts overflow otherwise.
-    fn key_exists_or_admit<S, M, R>(&self, key: &str, pool: usize, env: &mut Env<S, M, R>) -> bool
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    fn key_exists_or_admit(&self, key: &str, pool: usize, env: &mut Env) -> bool {
         if matches!(env.store.get(key), Ok(Some(_))) {
             return true;
         }
@@ -331,20 +304,15 @@ impl Governor {
     /// The response headers arrived. Export the provider's rate-limit headers, start a
     /// preemptive cooldown when they say nothing is left, and decide whether this is a
     /// governed response and whether its body is needed.
-    pub fn on_response_headers<S, M, R>(
+    pub fn on_response_headers(
         &self,
         flow: &Flow,
         status: u16,
         headers: &Headers,
         end_of_stream: bool,
         body_available: bool,
-        env: &mut Env<S, M, R>,
-    ) -> ResponseStep
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+        env: &mut Env,
+    ) -> ResponseStep {
         let snap = ratelimit::parse(headers, env.now_ms);
         export_gauges(flow.pool, &snap, env.metrics);
         if !classify::is_governed_status(status) {
@@ -361,29 +329,19 @@ impl Governor {
     }
 
     /// The (bounded prefix of the) error body of a held response arrived.
-    pub fn on_response_body<S, M, R>(
+    pub fn on_response_body(
         &self,
         flow: &Flow,
         status: u16,
         headers: &Headers,
         body: &[u8],
-        env: &mut Env<S, M, R>,
-    ) -> Option<Governed>
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+        env: &mut Env,
+    ) -> Option<Governed> {
         let snap = ratelimit::parse(headers, env.now_ms);
         self.govern(flow, status, headers, body, &snap, env)
     }
 
-    fn on_success<S, M, R>(&self, flow: &Flow, snap: &Snapshot, env: &mut Env<S, M, R>)
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    fn on_success(&self, flow: &Flow, snap: &Snapshot, env: &mut Env) {
         if !self.cfg.cooldown.enabled {
             return;
         }
@@ -401,20 +359,15 @@ impl Governor {
         }
     }
 
-    fn govern<S, M, R>(
+    fn govern(
         &self,
         flow: &Flow,
         status: u16,
         headers: &Headers,
         body: &[u8],
         snap: &Snapshot,
-        env: &mut Env<S, M, R>,
-    ) -> Option<Governed>
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+        env: &mut Env,
+    ) -> Option<Governed> {
         let class = classify::classify(status, body)?;
         let pool: &Pool = &self.cfg.pools[flow.pool];
         let provider = retry_after::provider_delay(headers, body, snap, pool.dialect, env.now_ms);
@@ -465,19 +418,7 @@ impl Governor {
 
     /// Record a cooldown of `ms` for the flow's (pool, account), keeping any later deadline,
     /// and the backoff streak. Returns whether shared data was written.
-    fn cool<S, M, R>(
-        &self,
-        flow: &Flow,
-        class: Class,
-        ms: Option<u64>,
-        streak: u8,
-        env: &mut Env<S, M, R>,
-    ) -> bool
-    where
-        S: SharedStore + ?Sized,
-        M: Metrics,
-        R: Random,
-    {
+    fn cool(&self, flow: &Flow, class: Class, ms: Option<u64>, streak: u8, env: &mut Env) -> bool {
         let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
         if !self.key_exists_or_admit(&key, flow.pool, env) {
             return false;
@@ -538,7 +479,7 @@ fn pool_matches(p: &Pool, req: &RequestView) -> bool {
             .map_or(true, |(n, v)| req.headers.get(n) == Some(v.as_bytes()))
 }
 
-fn export_gauges(pool: usize, snap: &Snapshot, metrics: &mut impl Metrics) {
+fn export_gauges(pool: usize, snap: &Snapshot, metrics: &mut dyn Metrics) {
     let pairs = [
         (Gauge::RemainingRequests, snap.requests.remaining),
         (Gauge::RemainingTokens, snap.tokens.remaining),

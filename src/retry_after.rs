@@ -89,14 +89,14 @@ pub fn exhausted_dimension(snap: &Snapshot, body: &[u8]) -> Option<Dimension> {
 
 /// What a client is told for a provider delay: the provider's time plus up to `jitter` of it
 /// on top (never below it), capped by `max_ms`, at least 1 ms.
-pub fn told(provider_ms: u64, spread_ms: u64, cfg: &RetryAfter, rng: &mut impl Random) -> u64 {
+pub fn told(provider_ms: u64, spread_ms: u64, cfg: &RetryAfter, rng: &mut dyn Random) -> u64 {
     let extra = (spread_ms as f64 * cfg.jitter * rng.unit().clamp(0.0, 1.0)) as u64;
     provider_ms.saturating_add(extra).min(cfg.max_ms).max(1)
 }
 
 /// Exponential full-jitter backoff for the `streak`-th consecutive rate limit without a hint:
 /// uniform in [1, min(max_ms, default_ms * 2^streak)].
-pub fn backoff(streak: u8, cfg: &RetryAfter, rng: &mut impl Random) -> u64 {
+pub fn backoff(streak: u8, cfg: &RetryAfter, rng: &mut dyn Random) -> u64 {
     let ceiling = cfg
         .default_ms
         .saturating_mul(1u64 << u32::from(streak.min(30)))

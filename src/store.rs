@@ -57,8 +57,8 @@ pub enum UpdateError {
 /// with `init`, unconditionally, and the update is then done under CAS against that: two
 /// workers creating the same key at once can then lose at most the one update that raced the
 /// creation, instead of every update made before the second creation.
-pub fn update<S: SharedStore + ?Sized, T>(
-    store: &S,
+pub fn update<T>(
+    store: &dyn SharedStore,
     key: &str,
     init: Option<&[u8]>,
     mut step: impl FnMut(Option<&[u8]>) -> (Option<Vec<u8>>, T),

@@ -7,7 +7,7 @@ mod adapters;
 
 use crate::config;
 use crate::headers::Headers;
-use crate::metrics::{Counter, Metrics};
+use crate::metrics::Counter;
 use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -52,10 +52,7 @@ struct Shared {
 
 impl Shared {
     /// Run a policy call with the host's store, metrics, randomness and clock.
-    fn with_env<T>(
-        &self,
-        f: impl FnOnce(&Governor, &mut Env<HostStore, HostMetrics, HostRandom>) -> T,
-    ) -> Option<T> {
+    fn with_env<T>(&self, f: impl FnOnce(&Governor, &mut Env) -> T) -> Option<T> {
         let mut metrics = self.metrics.try_borrow_mut().ok()?;
         let mut rng = self.rng.try_borrow_mut().ok()?;
         let mut env = Env {
