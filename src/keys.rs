@@ -32,8 +32,11 @@ pub fn overflow_bucket_key(limit: &str) -> String {
     format!("b:{limit}:~")
 }
 
-/// Shared-data key of the number of distinct keys created so far.
-pub const KEY_COUNT: &str = "k:n";
+/// Shared-data keys counting the distinct bucket keys and cooldown keys created so far. Two
+/// separate budgets, each bounded by `max_keys`: tenant ids are whatever clients send, and a
+/// flood of them must not use up the room that cooldowns of real accounts need.
+pub const BUCKET_KEY_COUNT: &str = "k:b";
+pub const COOLDOWN_KEY_COUNT: &str = "k:c";
 
 #[cfg(test)]
 mod tests {

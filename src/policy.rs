@@ -244,7 +244,7 @@ impl Governor {
     ) -> Option<Take> {
         let name = &self.cfg.limits[limit].name;
         let mut key = keys::bucket_key(name, key_id);
-        if !self.key_exists_or_admit(&key, pool, env) {
+        if !self.key_exists_or_admit(&key, keys::BUCKET_KEY_COUNT, pool, env) {
             key = keys::overflow_bucket_key(name);
         }
         let now = env.now_ms;
@@ -275,13 +275,14 @@ impl Governor {
         }
     }
 
-    /// True when `key` exists or there is room for one more key; counts overflow otherwise.
-    fn key_exists_or_admit(&self, key: &str, pool: usize, env: &mut Env) -> bool {
+    /// True when `key` exists or the budget counted in `count_key` has room for one more key;
+    /// counts overflow otherwise.
+    fn key_exists_or_admit(&self, key: &str, count_key: &str, pool: usize, env: &mut Env) -> bool {
         if matches!(env.store.get(key), Ok(Some(_))) {
             return true;
         }
         let max = self.cfg.max_keys;
-        let admitted = store::update(env.store, keys::KEY_COUNT, None, |cur| {
+        let admitted = store::update(env.store, count_key, None, |cur| {
             let n = cur
                 .and_then(|b| b.try_into().ok())
                 .map(u64::from_le_bytes)
@@ -420,7 +421,7 @@ impl Governor {
     /// and the backoff streak. Returns whether shared data was written.
     fn cool(&self, flow: &Flow, class: Class, ms: Option<u64>, streak: u8, env: &mut Env) -> bool {
         let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
-        if !self.key_exists_or_admit(&key, flow.pool, env) {
+        if !self.key_exists_or_admit(&key, keys::COOLDOWN_KEY_COUNT, flow.pool, env) {
             return false;
         }
         let now = env.now_ms;

@@ -107,7 +107,7 @@ fn keys_past_max_keys_share_an_overflow_bucket() {
         host.advance(1);
         admitted(&mut host, Some(&format!("tenant-{i}")));
     }
-    // 10 bucket keys, the overflow bucket and the key counter.
+    // 10 bucket keys, the overflow bucket and the bucket-key counter.
     assert_eq!(
         host.store.len(),
         12,
@@ -146,4 +146,31 @@ fn contention_fails_open_and_is_counted() {
         .store(1_000, std::sync::atomic::Ordering::SeqCst);
     assert!(admitted(&mut host, None), "a give-up admits");
     assert_eq!(host.metrics.count_of(0, Counter::StoreContention), 1);
+}
+
+#[test]
+fn tenant_floods_cannot_switch_off_cooldowns() {
+    let mut host = Host::new(
+        r#"{"max_keys": 20, "limits": [
+        {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 3}
+    ]}"#,
+    );
+    for i in 0..100 {
+        admitted(&mut host, Some(&format!("tenant-{i}")));
+    }
+    let a = [
+        ("authorization", "Bearer sk-new"),
+        ("x-tenant-id", "tenant-0"),
+    ];
+    let flow = match host.request("/v1/chat/completions", &a) {
+        RequestDecision::Forward(f) => f,
+        RequestDecision::Reply(..) => panic!("not admitted"),
+    };
+    host.respond(&flow, 429, &[("retry-after", "4")], "{}");
+    match host.request("/v1/chat/completions", &a) {
+        RequestDecision::Reply(_, r) => {
+            assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown")
+        }
+        RequestDecision::Forward(_) => panic!("the cooldown was not recorded"),
+    }
 }
