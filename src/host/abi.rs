@@ -27,6 +27,13 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> Status;
+    fn proxy_set_buffer_bytes(
+        buffer_type: BufferType,
+        start: usize,
+        size: usize,
+        buffer_data: *const u8,
+        buffer_size: usize,
+    ) -> Status;
     fn proxy_get_header_map_pairs(
         map_type: MapType,
         return_map_data: *mut *mut u8,
@@ -122,6 +129,11 @@ pub fn buffer(kind: BufferType, start: usize, max: usize) -> HostResult<Vec<u8>>
         Status::NotFound | Status::Empty => Ok(Vec::new()),
         other => Err(HostError(other)),
     }
+}
+
+/// Replace `size` bytes from `start` of a buffer with `data`.
+pub fn set_buffer(kind: BufferType, start: usize, size: usize, data: &[u8]) -> HostResult<()> {
+    check(unsafe { proxy_set_buffer_bytes(kind, start, size, data.as_ptr(), data.len()) })
 }
 
 pub fn header_map(kind: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {

@@ -9,6 +9,7 @@ use crate::config;
 use crate::headers::Headers;
 use crate::metrics::Counter;
 use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
+use crate::reply::LocalReply;
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
@@ -31,12 +32,23 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { shared: None }) });
 }}
 
-/// A response held for its error body.
+/// A stream the filter is holding, with the moment it stops waiting for a body.
 struct Held {
-    flow: Flow,
-    status: u16,
-    headers: Vec<(String, Vec<u8>)>,
+    what: Hold,
     deadline_ms: u64,
+}
+
+enum Hold {
+    /// An upstream error response waiting for its body to be classified.
+    Response {
+        flow: Flow,
+        status: u16,
+        headers: Vec<(String, Vec<u8>)>,
+    },
+    /// A local answer waiting for the end of the request body: answering before the body
+    /// has been read makes Envoy close an HTTP/1.1 connection, and every local 429 would then
+    /// cost the client a new connection (and TLS handshake).
+    Reply(LocalReply),
 }
 
 /// What one VM (one worker thread) shares between its root and stream contexts.
@@ -78,25 +90,29 @@ impl Shared {
         self.held.try_borrow_mut().ok()?.remove(&context_id)
     }
 
-    /// Classify the held response of `context_id` from `body` and let its headers go.
-    fn release(&self, held: &Held, body: &[u8]) {
+    fn is_holding(&self, context_id: u32, reply: bool) -> bool {
+        self.held.try_borrow().is_ok_and(|m| {
+            m.get(&context_id)
+                .is_some_and(|h| matches!(h.what, Hold::Reply(_)) == reply)
+        })
+    }
+
+    /// Body callbacks are known to work on this worker (or it is time to try again).
+    fn body_callbacks_expected(&self, now: u64) -> bool {
+        now >= self.headers_only_until.get()
+    }
+
+    /// Classify a held response from `body` (empty when it never came) and set its headers.
+    fn classify_held(&self, flow: &Flow, status: u16, headers: &[(String, Vec<u8>)], body: &[u8]) {
         let governed = self
-            .with_env(|g, env| {
-                g.on_response_body(
-                    &held.flow,
-                    held.status,
-                    &Headers::new(&held.headers),
-                    body,
-                    env,
-                )
-            })
+            .with_env(|g, env| g.on_response_body(flow, status, &Headers::new(headers), body, env))
             .flatten();
         if let Some(g) = governed {
             apply(&g);
         }
     }
 
-    /// Held responses whose body never came: classify by status and headers, resume them.
+    /// Held streams whose body never came: answer from status and headers, let them go.
     fn release_overdue(&self) {
         let now = abi::now_ms();
         let overdue: Vec<(u32, Held)> = match self.held.try_borrow_mut() {
@@ -124,17 +140,40 @@ impl Shared {
             self.headers_only_until.set(now + HEADERS_ONLY_FOR_MS);
             if !self.warned_body_unavailable.replace(true) {
                 log::warn!(
-                    "llm_governor: the body of a held {} response never arrived; classifying by status and \
-                     headers. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
-                     quota errors can be told from rate limits",
-                    held.status
+                    "llm_governor: a held body never arrived; answering from status and headers alone. \
+                     Set allow_on_headers_stop_iteration: true in the wasm plugin config so quota errors \
+                     can be told from rate limits"
                 );
             }
-            self.with_env(|_, env| env.metrics.count(held.flow.pool, Counter::BodyUnavailable));
-            self.release(&held, &[]);
-            if let Err(e) = abi::resume_response() {
-                log::warn!("llm_governor: could not resume a held response: {e}");
+            match held.what {
+                Hold::Response {
+                    flow,
+                    status,
+                    headers,
+                } => {
+                    self.with_env(|_, env| env.metrics.count(flow.pool, Counter::BodyUnavailable));
+                    self.classify_held(&flow, status, &headers, &[]);
+                    if let Err(e) = abi::resume_response() {
+                        log::warn!("llm_governor: could not resume a held response: {e}");
+                    }
+                }
+                Hold::Reply(reply) => {
+                    send_reply(&reply);
+                }
             }
+        }
+    }
+}
+
+/// Send a local answer. Failing that, the request goes on upstream (fail-open).
+fn send_reply(reply: &LocalReply) -> Action {
+    match abi::send_local_response(reply.status, &reply.headers, &reply.body) {
+        Ok(()) => Action::Pause,
+        Err(e) => {
+            log::warn!(
+                "llm_governor: could not send a local answer ({e}); letting the request through"
+            );
+            Action::Continue
         }
     }
 }
@@ -226,13 +265,35 @@ struct Filter {
 }
 
 impl Filter {
-    fn release_held(&mut self) -> Action {
-        if let Some(held) = self.shared.take_held(self.context_id) {
-            let size = MAX_ERROR_BODY;
-            let body = abi::buffer(BufferType::HttpResponseBody, 0, size).unwrap_or_default();
-            self.shared.release(&held, &body[..body.len().min(size)]);
+    /// Classify the held response from the body buffered so far and let it go.
+    fn release_response(&mut self) -> Action {
+        if let Some(Held {
+            what:
+                Hold::Response {
+                    flow,
+                    status,
+                    headers,
+                },
+            ..
+        }) = self.shared.take_held(self.context_id)
+        {
+            let body =
+                abi::buffer(BufferType::HttpResponseBody, 0, MAX_ERROR_BODY).unwrap_or_default();
+            let body = &body[..body.len().min(MAX_ERROR_BODY)];
+            self.shared.classify_held(&flow, status, &headers, body);
         }
         Action::Continue
+    }
+
+    /// The request body is complete: send the held local answer.
+    fn send_held_reply(&mut self) -> Action {
+        match self.shared.take_held(self.context_id) {
+            Some(Held {
+                what: Hold::Reply(reply),
+                ..
+            }) => send_reply(&reply),
+            _ => Action::Continue,
+        }
     }
 }
 
@@ -249,7 +310,7 @@ fn header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
 }
 
 impl HttpContext for Filter {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
         let view = RequestView {
             path: header(&pairs, ":path"),
@@ -263,16 +324,41 @@ impl HttpContext for Filter {
             }
             Some(RequestDecision::Reply(_, reply)) => {
                 record_for_access_log(&reply.headers);
-                match abi::send_local_response(reply.status, &reply.headers, &reply.body) {
-                    Ok(()) => Action::Pause,
-                    Err(e) => {
-                        log::warn!("llm_governor: could not send a local answer ({e}); letting the request through");
-                        Action::Continue
-                    }
+                let now = abi::now_ms();
+                if end_of_stream || !self.shared.body_callbacks_expected(now) {
+                    return send_reply(&reply);
                 }
+                self.shared.hold(
+                    self.context_id,
+                    Held {
+                        what: Hold::Reply(reply),
+                        deadline_ms: now + BODY_WAIT_MS,
+                    },
+                );
+                Action::Pause
             }
             None => Action::Continue,
         }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.shared.is_holding(self.context_id, true) {
+            return Action::Continue;
+        }
+        if end_of_stream {
+            return self.send_held_reply();
+        }
+        // The request will never go upstream: drop what arrived so Envoy's buffer limit
+        // (which would answer 413) is never reached by a large prompt.
+        let _ = abi::set_buffer(BufferType::HttpRequestBody, 0, body_size, &[]);
+        Action::Pause
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if self.shared.is_holding(self.context_id, true) {
+            return self.send_held_reply();
+        }
+        Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -285,7 +371,7 @@ impl HttpContext for Filter {
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
         let now = abi::now_ms();
-        let body_available = now >= self.shared.headers_only_until.get();
+        let body_available = self.shared.body_callbacks_expected(now);
         let step = self.shared.with_env(|g, env| {
             g.on_response_headers(
                 &flow,
@@ -305,9 +391,11 @@ impl HttpContext for Filter {
                 self.shared.hold(
                     self.context_id,
                     Held {
-                        flow,
-                        status,
-                        headers: pairs,
+                        what: Hold::Response {
+                            flow,
+                            status,
+                            headers: pairs,
+                        },
                         deadline_ms: now + BODY_WAIT_MS,
                     },
                 );
@@ -318,21 +406,19 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let holding = self
-            .shared
-            .held
-            .try_borrow()
-            .is_ok_and(|m| m.contains_key(&self.context_id));
-        if !holding {
+        if !self.shared.is_holding(self.context_id, false) {
             return Action::Continue;
         }
         if !end_of_stream && body_size < MAX_ERROR_BODY {
             return Action::Pause;
         }
-        self.release_held()
+        self.release_response()
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.release_held()
+        if self.shared.is_holding(self.context_id, false) {
+            return self.release_response();
+        }
+        Action::Continue
     }
 }
