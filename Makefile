@@ -1,0 +1,50 @@
+# llm-governor: build, run and test. Works on a fresh machine with rustup, Python 3 and make;
+# the scripts in scripts/ add the wasm target, the test virtualenv and Envoy on demand.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
+SIM_BIN     := target/release/llm-sim
+
+.PHONY: help build sim envoy venv test run lint validate storm
+
+help:
+	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
+	@echo "make run       provider simulator + Envoy with the module on http://127.0.0.1:10000"
+	@echo "make test      native tests and end-to-end tests against a real Envoy (PYTEST_ARGS=\"-k quota\" to select)"
+	@echo "make lint      rustfmt check and clippy (host and wasm32, -D warnings)"
+	@echo "make validate  envoy --mode validate on every config in envoy/"
+	@echo "make sim       build the provider simulator ($(SIM_BIN))"
+	@echo "make envoy     obtain Envoy if needed and print its path"
+
+build:
+	@scripts/build.sh
+
+sim:
+	@cargo build --release -p llm-sim
+
+envoy:
+	@scripts/ensure-envoy.sh
+
+venv:
+	@scripts/ensure-venv.sh
+
+test: build sim envoy venv
+	@scripts/test.sh $(PYTEST_ARGS)
+
+run: build sim envoy
+	@scripts/run.sh
+
+lint:
+	@scripts/ensure-rust-tools.sh
+	@scripts/ensure-wasm-target.sh
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p llm-governor --target wasm32-wasip1 -- -D warnings
+
+validate: build envoy
+	@scripts/validate.sh
+
+storm:
+	@bench/storm/run.sh
