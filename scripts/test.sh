@@ -10,6 +10,8 @@ logs="$(mktemp -d)"
 trap 'rm -rf "${logs}"' EXIT
 
 export ENVOY_BIN="${ENVOY_BIN:-$(scripts/ensure-envoy.sh)}"
+# promtool checks the shipped alert rules; installed from Debian when missing and root.
+scripts/ensure-promtool.sh >/dev/null || true
 
 printf '\n== native tests: cargo test --workspace ==\n'
 cargo test --workspace 2>&1 | tee "${logs}/unit.log"

@@ -214,11 +214,8 @@ pub fn set_tick_period_ms(ms: u32) -> HostResult<()> {
 
 /// Set a filter-state property (readable by access logs as `%FILTER_STATE(...)%`).
 pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
-    let mut p = Vec::new();
-    for seg in path {
-        p.extend_from_slice(seg.as_bytes());
-        p.push(0);
-    }
+    // Segments are NUL-separated, with no NUL after the last: Envoy would keep it in the key.
+    let p = path.join("\0");
     check(unsafe { proxy_set_property(p.as_ptr(), p.len(), value.as_ptr(), value.len()) })
 }
 
