@@ -38,11 +38,6 @@ NO_COOLDOWN = {
 }
 DEFAULTS = {"pools": POOLS}
 
-GOVERNOR_HEADERS = (
-    "x-llm-governor-class",
-    "x-llm-governor-source",
-)
-
 governor = pytest.fixture(scope="module", name="governor")(module_envoy(NO_COOLDOWN))
 
 
