@@ -99,6 +99,12 @@ impl Bucket {
         }
     }
 
+    /// Whether `amount` tokens are there, without taking them (token budgets are charged after
+    /// the response, from the usage the provider reports).
+    pub fn check(self, shape: Shape, now_ms: u64, amount: u64) -> Take {
+        self.take(shape, now_ms, amount).1
+    }
+
     /// Charge `amount` tokens unconditionally (may go into debt, bounded at one burst).
     pub fn charge(self, shape: Shape, now_ms: u64, amount: u64) -> Bucket {
         let b = self.refill(shape, now_ms);

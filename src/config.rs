@@ -100,6 +100,15 @@ pub struct Limit {
     pub burst: u64,
 }
 
+impl Limit {
+    pub fn shape(&self) -> crate::bucket::Shape {
+        crate::bucket::Shape {
+            per_minute: self.per_minute,
+            burst: self.burst,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {

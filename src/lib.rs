@@ -15,6 +15,7 @@ pub mod reply;
 pub mod retry_after;
 pub mod store;
 pub mod time;
+pub mod usage;
 
 #[cfg(target_arch = "wasm32")]
 mod host;

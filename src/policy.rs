@@ -3,7 +3,7 @@
 //! Generic over the shared store, the metrics sink and the randomness, and given `now`
 //! explicitly, so every path is driven natively in tests exactly as the host drives it.
 
-use crate::bucket::{Bucket, Shape, Take};
+use crate::bucket::{Bucket, Take};
 use crate::classify::{self, Class, Dialect};
 use crate::config::{Config, LimitKey, LimitKind, Pool};
 use crate::headers::Headers;
@@ -40,6 +40,8 @@ pub struct Flow {
     pub dialect: Dialect,
     /// Consecutive hint-less rate limits seen for this (pool, account), for the backoff.
     pub streak: u8,
+    /// Token buckets to charge with the response's usage: (limit index, shared-data key).
+    pub charges: Vec<(usize, String)>,
 }
 
 #[derive(Debug)]
@@ -149,6 +151,7 @@ impl Governor {
                 .dialect
                 .resolve_for_request(req.path, &req.headers),
             streak: 0,
+            charges: Vec::new(),
         };
         if self.cfg.cooldown.enabled {
             if let Some(reply) = self.answer_from_cooldown(&mut flow, env) {
@@ -156,22 +159,17 @@ impl Governor {
             }
         }
         for (i, limit) in self.cfg.limits.iter().enumerate() {
-            // Token limits are charged from usage by a later stage; only requests are taken here.
-            if limit.kind != LimitKind::Requests {
-                continue;
-            }
             let key_id = match &limit.key {
                 LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
                 LimitKey::Account => flow.account,
                 LimitKey::Pool => self.pool_ids[pool],
             };
-            let shape = Shape {
-                per_minute: limit.per_minute,
-                burst: limit.burst,
-            };
-            let Some(take) = self.take(i, key_id, shape, pool, env) else {
+            let Some((key, take)) = self.take(i, key_id, pool, env) else {
                 continue;
             };
+            if limit.kind == LimitKind::Tokens {
+                flow.charges.push((i, key));
+            }
             if !take.admitted {
                 let delay = take.wait_ms.clamp(1, self.cfg.retry_after.max_ms);
                 let fields = LimitFields {
@@ -194,6 +192,24 @@ impl Governor {
             }
         }
         RequestDecision::Forward(flow)
+    }
+
+    /// Charge the flow's token budgets with the tokens its response used.
+    pub fn on_usage(&self, flow: &Flow, tokens: u64, env: &mut Env) {
+        let now = env.now_ms;
+        for (i, key) in &flow.charges {
+            let shape = self.cfg.limits[*i].shape();
+            let init = Bucket::full(shape, now).encode();
+            let result = store::update(env.store, key, Some(&init), |cur| {
+                let b = cur
+                    .and_then(Bucket::decode)
+                    .unwrap_or_else(|| Bucket::full(shape, now));
+                (Some(b.charge(shape, now, tokens).encode().to_vec()), ())
+            });
+            if let Err(e) = result {
+                self.store_failed(flow.pool, key, &e, env);
+            }
+        }
     }
 
     fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
@@ -231,21 +247,22 @@ impl Governor {
         ))
     }
 
-    /// Take one token from the bucket of (limit, key). None when shared data could not be
-    /// updated: the request is then admitted (fail-open) and `store_contention` counts it, so
-    /// the governor never rejects traffic because of its own bookkeeping.
+    /// Take one request from the bucket of (limit, key), or, for a token budget, check that
+    /// tokens are left. Returns the bucket's key and the decision; None when shared data could
+    /// not be updated: the request is then admitted (fail-open) and `store_contention` counts
+    /// it, so the governor never rejects traffic because of its own bookkeeping.
     fn take(
         &self,
         limit: usize,
         key_id: u64,
-        shape: Shape,
         pool: usize,
         env: &mut Env,
-    ) -> Option<Take> {
-        let name = &self.cfg.limits[limit].name;
-        let mut key = keys::bucket_key(name, key_id);
+    ) -> Option<(String, Take)> {
+        let limit = &self.cfg.limits[limit];
+        let shape = limit.shape();
+        let mut key = keys::bucket_key(&limit.name, key_id);
         if !self.key_exists_or_admit(&key, keys::BUCKET_KEY_COUNT, pool, env) {
-            key = keys::overflow_bucket_key(name);
+            key = keys::overflow_bucket_key(&limit.name);
         }
         let now = env.now_ms;
         let init = Bucket::full(shape, now).encode();
@@ -253,12 +270,17 @@ impl Governor {
             let b = cur
                 .and_then(Bucket::decode)
                 .unwrap_or_else(|| Bucket::full(shape, now));
-            let (after, take) = b.take(shape, now, 1);
-            let write = (after != b || cur.is_none()).then(|| after.encode().to_vec());
-            (write, take)
+            match limit.kind {
+                LimitKind::Requests => {
+                    let (after, take) = b.take(shape, now, 1);
+                    let write = (after != b || cur.is_none()).then(|| after.encode().to_vec());
+                    (write, take)
+                }
+                LimitKind::Tokens => (None, b.check(shape, now, 1)),
+            }
         });
         match result {
-            Ok(u) => Some(u.value),
+            Ok(u) => Some((key, u.value)),
             Err(e) => {
                 self.store_failed(pool, &key, &e, env);
                 None

@@ -10,6 +10,7 @@ use crate::headers::Headers;
 use crate::metrics::Counter;
 use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
 use crate::reply::LocalReply;
+use crate::usage::UsageScanner;
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
@@ -249,6 +250,7 @@ impl RootContext for Root {
             shared,
             context_id,
             flow: None,
+            usage: None,
         }))
     }
 
@@ -262,6 +264,8 @@ struct Filter {
     context_id: u32,
     /// Set when the request went upstream; None for locally answered requests.
     flow: Option<Flow>,
+    /// Reads the usage of a successful response whose flow has token budgets to charge.
+    usage: Option<UsageScanner>,
 }
 
 impl Filter {
@@ -370,6 +374,9 @@ impl HttpContext for Filter {
             .ok()
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
+        if !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream {
+            self.usage = Some(UsageScanner::new());
+        }
         let now = abi::now_ms();
         let body_available = self.shared.body_callbacks_expected(now);
         let step = self.shared.with_env(|g, env| {
@@ -406,6 +413,12 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(scanner) = &mut self.usage {
+            if let Ok(chunk) = abi::buffer(BufferType::HttpResponseBody, 0, body_size) {
+                scanner.feed(&chunk);
+            }
+            return Action::Continue;
+        }
         if !self.shared.is_holding(self.context_id, false) {
             return Action::Continue;
         }
@@ -420,5 +433,15 @@ impl HttpContext for Filter {
             return self.release_response();
         }
         Action::Continue
+    }
+
+    /// The stream is over (complete, reset or cancelled): charge what the provider reported.
+    fn on_log(&mut self) {
+        let (Some(flow), Some(scanner)) = (&self.flow, self.usage.take()) else {
+            return;
+        };
+        if let Some(tokens) = scanner.total() {
+            self.shared.with_env(|g, env| g.on_usage(flow, tokens, env));
+        }
     }
 }
