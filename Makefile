@@ -7,7 +7,7 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim envoy venv test run lint validate storm
+.PHONY: help build sim envoy venv test run lint validate bench storm
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
@@ -48,3 +48,6 @@ validate: build envoy
 
 storm:
 	@bench/storm/run.sh
+
+bench:
+	@bench/run.sh

@@ -212,22 +212,36 @@ impl Governor {
         }
     }
 
-    fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
+    fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
         let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
-        let rec = env
-            .store
-            .get(&key)
-            .ok()
-            .flatten()
-            .and_then(|(b, _)| CooldownRecord::decode(&b))?;
+        let (bytes, _) = env.store.get(&key).ok().flatten()?;
+        CooldownRecord::decode(&bytes)
+    }
+
+    /// Consecutive rounds that ended in "not now", counting this answer. Answers that arrive
+    /// while a cooldown is running belong to its round; one that arrives after it ended, with
+    /// no success since, starts the next round.
+    fn failed_rounds(&self, flow: &Flow, env: &Env) -> u8 {
+        match self.cooldown_record(flow, env) {
+            Some(r) if r.deadline_ms > env.now_ms => r.streak.max(1),
+            Some(r) => r.streak.saturating_add(1),
+            None => 1,
+        }
+    }
+
+    fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
+        let rec = self.cooldown_record(flow, env)?;
         flow.streak = rec.streak;
         let remaining = rec
             .deadline_ms
             .checked_sub(env.now_ms)
             .filter(|ms| *ms > 0)?;
+        // After failed rounds, clients wait the extra periods the upstream answers told them.
+        let period = u64::from(rec.period_ms);
+        let stretch = (1u64 << u32::from(rec.streak.saturating_sub(1).min(10))) - 1;
         let delay = retry_after::told(
-            remaining,
-            u64::from(rec.period_ms),
+            remaining.saturating_add(period.saturating_mul(stretch)),
+            period,
             &self.cfg.retry_after,
             env.rng,
         );
@@ -261,12 +275,13 @@ impl Governor {
         let limit = &self.cfg.limits[limit];
         let shape = limit.shape();
         let mut key = keys::bucket_key(&limit.name, key_id);
-        if !self.key_exists_or_admit(&key, keys::BUCKET_KEY_COUNT, pool, env) {
+        let known = env.store.get(&key).ok().flatten();
+        if known.is_none() && !self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) {
             key = keys::overflow_bucket_key(&limit.name);
         }
         let now = env.now_ms;
         let init = Bucket::full(shape, now).encode();
-        let result = store::update(env.store, &key, Some(&init), |cur| {
+        let result = store::update_from(env.store, &key, known, Some(&init), |cur| {
             let b = cur
                 .and_then(Bucket::decode)
                 .unwrap_or_else(|| Bucket::full(shape, now));
@@ -300,9 +315,12 @@ impl Governor {
     /// True when `key` exists or the budget counted in `count_key` has room for one more key;
     /// counts overflow otherwise.
     fn key_exists_or_admit(&self, key: &str, count_key: &str, pool: usize, env: &mut Env) -> bool {
-        if matches!(env.store.get(key), Ok(Some(_))) {
-            return true;
-        }
+        matches!(env.store.get(key), Ok(Some(_))) || self.admit_new_key(count_key, pool, env)
+    }
+
+    /// Whether the budget counted in `count_key` has room for one more key (and count it);
+    /// counts overflow otherwise.
+    fn admit_new_key(&self, count_key: &str, pool: usize, env: &mut Env) -> bool {
         let max = self.cfg.max_keys;
         let admitted = store::update(env.store, count_key, None, |cur| {
             let n = cur
@@ -409,14 +427,20 @@ impl Governor {
                 } else {
                     Counter::UpstreamOverloaded
                 };
+                // A round whose probe met another "not now" means the provider's time was too
+                // short: clients are told twice as long per failed round, so they keep their
+                // retries for after the recovery. The probe itself still goes at the provider's
+                // time (the cooldown deadline).
+                let rounds = self.failed_rounds(flow, env);
+                let stretch = 1u64 << u32::from(rounds.saturating_sub(1).min(10));
                 match provider_ms {
                     Some(ms) => {
-                        let told = retry_after::told(ms, ms, ra, env.rng);
-                        (counter, told, Some(ms.min(cd.max_ms)), 0)
+                        let told = retry_after::told(ms.saturating_mul(stretch), ms, ra, env.rng);
+                        (counter, told, Some(ms.min(cd.max_ms)), rounds)
                     }
                     None => {
-                        let told = retry_after::backoff(flow.streak, ra, env.rng);
-                        (counter, told, None, flow.streak.saturating_add(1))
+                        let told = retry_after::backoff(rounds.saturating_sub(1), ra, env.rng);
+                        (counter, told, None, rounds)
                     }
                 }
             }

@@ -61,13 +61,28 @@ pub fn update<T>(
     store: &dyn SharedStore,
     key: &str,
     init: Option<&[u8]>,
+    step: impl FnMut(Option<&[u8]>) -> (Option<Vec<u8>>, T),
+) -> Result<Updated<T>, UpdateError> {
+    update_from(store, key, None, init, step)
+}
+
+/// `update`, starting from a value (and CAS token) the caller has just read, which saves one
+/// copy under Envoy's shared-data lock on the request path.
+pub fn update_from<T>(
+    store: &dyn SharedStore,
+    key: &str,
+    mut known: Option<(Vec<u8>, u32)>,
+    init: Option<&[u8]>,
     mut step: impl FnMut(Option<&[u8]>) -> (Option<Vec<u8>>, T),
 ) -> Result<Updated<T>, UpdateError> {
     let mut conflicts = 0;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let current = store
-            .get(key)
-            .map_err(|e| UpdateError::Host(e.to_string()))?;
+        let current = match known.take() {
+            Some(v) => Some(v),
+            None => store
+                .get(key)
+                .map_err(|e| UpdateError::Host(e.to_string()))?,
+        };
         let (bytes, cas) = match current {
             Some((b, cas)) => (Some(b), Some(cas)),
             None => match init {

@@ -210,3 +210,36 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
         );
     }
 }
+
+#[test]
+fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
+    let mut host = Host::new(CFG);
+    // The provider keeps saying "1 s" while it stays down.
+    let answer = |host: &mut Host, f: &llm_governor::policy::Flow| {
+        host.respond(f, 429, &[("retry-after", "1")], RL)
+            .map(|g| g.delay_ms)
+            .unwrap_or(0)
+    };
+    let told = |host: &mut Host| {
+        let f = host.forward("/v1/chat/completions", &[A]);
+        answer(host, &f)
+    };
+    let in_flight = host.forward("/v1/chat/completions", &[A]);
+    assert_eq!(told(&mut host), 1000);
+    // A second 429 of the same round (it was in flight) is not a failed round.
+    assert_eq!(answer(&mut host, &in_flight), 1000);
+    host.advance(1000);
+    // The probe at the deadline fails: round 2, clients are told 2 s...
+    assert_eq!(told(&mut host), 2000);
+    // ...and so are clients answered locally during it (1 s left plus one extra period).
+    host.advance(200);
+    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    assert_eq!(header(&h, "retry-after-ms"), "1800");
+    host.advance(800);
+    assert_eq!(told(&mut host), 4000);
+    // A success ends the streak.
+    host.advance(1000);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&f, 200, &[], "{}");
+    assert_eq!(told(&mut host), 1000);
+}

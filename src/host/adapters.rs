@@ -28,6 +28,8 @@ impl SharedStore for HostStore {
 struct PoolMetrics {
     counters: Vec<Option<u32>>,
     gauges: Vec<Option<u32>>,
+    /// The value this worker last wrote to each gauge.
+    written: Vec<Option<u64>>,
     histogram: Option<u32>,
 }
 
@@ -56,6 +58,7 @@ impl HostMetrics {
                     .iter()
                     .map(|g| define(MetricType::Gauge, &p.name, g.name()))
                     .collect(),
+                written: vec![None; Gauge::ALL.len()],
                 histogram: define(
                     MetricType::Histogram,
                     &p.name,
@@ -74,9 +77,23 @@ impl Metrics for HostMetrics {
         }
     }
 
+    /// Skips rewriting the value this worker wrote last: most provider headers (limits, often
+    /// remaining and reset too) repeat from one response to the next, and each write is a
+    /// hostcall. Another worker may have written a different value in between; the gauge then
+    /// shows that one until this worker sees a new value, which is within last-writer-wins.
     fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.gauges.get(g.index())) {
-            let _ = abi::record_metric(*id, value);
+        let Some(p) = self.pools.get_mut(pool) else {
+            return;
+        };
+        let (Some(Some(id)), Some(last)) = (p.gauges.get(g.index()), p.written.get_mut(g.index()))
+        else {
+            return;
+        };
+        if *last == Some(value) {
+            return;
+        }
+        if abi::record_metric(*id, value).is_ok() {
+            *last = Some(value);
         }
     }
 

@@ -64,15 +64,16 @@ struct Shared {
 }
 
 impl Shared {
-    /// Run a policy call with the host's store, metrics, randomness and clock.
-    fn with_env<T>(&self, f: impl FnOnce(&Governor, &mut Env) -> T) -> Option<T> {
+    /// Run a policy call with the host's store, metrics and randomness at `now_ms` (read once
+    /// per callback: every hostcall crosses the V8 boundary).
+    fn with_env<T>(&self, now_ms: u64, f: impl FnOnce(&Governor, &mut Env) -> T) -> Option<T> {
         let mut metrics = self.metrics.try_borrow_mut().ok()?;
         let mut rng = self.rng.try_borrow_mut().ok()?;
         let mut env = Env {
             store: &HostStore,
             metrics: &mut *metrics,
             rng: &mut *rng,
-            now_ms: abi::now_ms(),
+            now_ms,
         };
         Some(f(&self.governor, &mut env))
     }
@@ -106,7 +107,9 @@ impl Shared {
     /// Classify a held response from `body` (empty when it never came) and set its headers.
     fn classify_held(&self, flow: &Flow, status: u16, headers: &[(String, Vec<u8>)], body: &[u8]) {
         let governed = self
-            .with_env(|g, env| g.on_response_body(flow, status, &Headers::new(headers), body, env))
+            .with_env(abi::now_ms(), |g, env| {
+                g.on_response_body(flow, status, &Headers::new(headers), body, env)
+            })
             .flatten();
         if let Some(g) = governed {
             apply(&g);
@@ -152,7 +155,9 @@ impl Shared {
                     status,
                     headers,
                 } => {
-                    self.with_env(|_, env| env.metrics.count(flow.pool, Counter::BodyUnavailable));
+                    self.with_env(now, |_, env| {
+                        env.metrics.count(flow.pool, Counter::BodyUnavailable)
+                    });
                     self.classify_held(&flow, status, &headers, &[]);
                     if let Err(e) = abi::resume_response() {
                         log::warn!("llm_governor: could not resume a held response: {e}");
@@ -321,14 +326,14 @@ impl HttpContext for Filter {
             authority: header(&pairs, ":authority"),
             headers: Headers::new(&pairs),
         };
-        match self.shared.with_env(|g, env| g.on_request(&view, env)) {
+        let now = abi::now_ms();
+        match self.shared.with_env(now, |g, env| g.on_request(&view, env)) {
             Some(RequestDecision::Forward(flow)) => {
                 self.flow = Some(flow);
                 Action::Continue
             }
             Some(RequestDecision::Reply(_, reply)) => {
                 record_for_access_log(&reply.headers);
-                let now = abi::now_ms();
                 if end_of_stream || !self.shared.body_callbacks_expected(now) {
                     return send_reply(&reply);
                 }
@@ -379,7 +384,7 @@ impl HttpContext for Filter {
         }
         let now = abi::now_ms();
         let body_available = self.shared.body_callbacks_expected(now);
-        let step = self.shared.with_env(|g, env| {
+        let step = self.shared.with_env(now, |g, env| {
             g.on_response_headers(
                 &flow,
                 status,
@@ -441,7 +446,8 @@ impl HttpContext for Filter {
             return;
         };
         if let Some(tokens) = scanner.total() {
-            self.shared.with_env(|g, env| g.on_usage(flow, tokens, env));
+            self.shared
+                .with_env(abi::now_ms(), |g, env| g.on_usage(flow, tokens, env));
         }
     }
 }
