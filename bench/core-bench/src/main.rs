@@ -1,0 +1,165 @@
+//! `core-bench hotpath <config.json> <iterations>`: the per-request work of the pure core as the
+//! host drives it (request headers → on_request → response headers → on_response_headers),
+//! against the in-memory store, with header lists rebuilt per request as the host layer does.
+//! `core-bench contention <threads> <keys> <updates-per-thread>`: threads doing the filter's
+//! bucket CAS update against one mutex-guarded map (Envoy's shared-data semantics); prints CAS
+//! retries per update. Both print one JSON line.
+
+use llm_governor::config;
+use llm_governor::headers::{owned, Headers};
+use llm_governor::metrics::{Counter, Gauge, Metrics};
+use llm_governor::policy::{Env, Governor, RequestDecision, RequestView};
+use llm_governor::retry_after::Random;
+use llm_governor::store::{self, MemStore};
+use std::hint::black_box;
+use std::time::Instant;
+
+struct NoMetrics(u64);
+impl Metrics for NoMetrics {
+    fn count(&mut self, _: usize, _: Counter) {
+        self.0 += 1;
+    }
+    fn gauge(&mut self, _: usize, _: Gauge, _: u64) {
+        self.0 += 1;
+    }
+    fn retry_after(&mut self, _: usize, _: u64) {
+        self.0 += 1;
+    }
+}
+
+struct Rng(u64);
+impl Random for Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn hotpath(cfg_json: &str, iterations: u64) {
+    let cfg = match config::parse(cfg_json.as_bytes()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("core-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let gov = Governor::new(cfg);
+    let store = MemStore::new();
+    let mut metrics = NoMetrics(0);
+    let mut rng = Rng(1);
+    let resp = [
+        (":status", "200"),
+        ("content-type", "application/json"),
+        ("openai-processing-ms", "120"),
+        ("x-ratelimit-limit-requests", "10000"),
+        ("x-ratelimit-remaining-requests", "9999"),
+        ("x-ratelimit-reset-requests", "6ms"),
+        ("x-ratelimit-limit-tokens", "30000000"),
+        ("x-ratelimit-remaining-tokens", "29999982"),
+        ("x-ratelimit-reset-tokens", "0s"),
+        ("content-length", "360"),
+        ("date", "Mon, 30 Nov 2026 16:23:27 GMT"),
+        ("server", "envoy"),
+        ("x-envoy-upstream-service-time", "0"),
+    ];
+    let tenants: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
+    let start = Instant::now();
+    let mut forwarded = 0u64;
+    for i in 0..iterations {
+        // The host layer copies every header into owned Strings/Vecs on each callback.
+        let req = owned(&[
+            (":authority", "127.0.0.1:10000"),
+            (":path", "/v1/chat/completions"),
+            (":method", "POST"),
+            (":scheme", "http"),
+            ("user-agent", "wrk"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-bench-0123456789"),
+            ("x-tenant-id", &tenants[(i % 1000) as usize]),
+            ("content-length", "68"),
+            ("x-forwarded-proto", "http"),
+            ("x-request-id", "0b5c4a39-7f0e-4d0e-9a54-0f6f3a3f2f1e"),
+        ]);
+        let view = RequestView {
+            path: Headers::new(&req).get(":path").unwrap_or(b""),
+            authority: Headers::new(&req).get(":authority").unwrap_or(b""),
+            headers: Headers::new(&req),
+        };
+        let mut env = Env {
+            store: &store,
+            metrics: &mut metrics,
+            rng: &mut rng,
+            now_ms: 1_700_000_000_000 + i / 20,
+        };
+        if let RequestDecision::Forward(flow) = gov.on_request(&view, &mut env) {
+            forwarded += 1;
+            let pairs = owned(&resp);
+            black_box(gov.on_response_headers(
+                &flow,
+                200,
+                &Headers::new(&pairs),
+                false,
+                true,
+                &mut env,
+            ));
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
+    println!("{{\"iterations\":{iterations},\"forwarded\":{forwarded},\"ns_per_request\":{ns:.0},\"metric_calls_per_request\":{:.1}}}",
+             metrics.0 as f64 / iterations as f64);
+}
+
+fn contention(threads: usize, keys: usize, per_thread: u64) {
+    let store = MemStore::new();
+    let start = Instant::now();
+    let (conflicts, giveups): (u64, u64) = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let store = &store;
+                s.spawn(move || {
+                    let (mut c, mut g) = (0u64, 0u64);
+                    for i in 0..per_thread {
+                        let key =
+                            format!("b:tenant-rpm:{:016x}", (i as usize * threads + t) % keys);
+                        match store::update(store, &key, Some(&[0u8; 16]), |cur| {
+                            let mut v = cur.map(|b| b.to_vec()).unwrap_or_else(|| vec![0; 16]);
+                            v[0] = v[0].wrapping_add(1);
+                            (Some(v), ())
+                        }) {
+                            Ok(u) => c += u64::from(u.conflicts),
+                            Err(_) => {
+                                g += 1;
+                                c += u64::from(store::MAX_CAS_ATTEMPTS);
+                            }
+                        }
+                    }
+                    (c, g)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().ok())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
+    let total = per_thread * threads as u64;
+    println!("{{\"threads\":{threads},\"keys\":{keys},\"updates\":{total},\"retries_per_update\":{:.4},\"giveups_per_update\":{:.6},\"ns_per_update\":{:.0}}}",
+             conflicts as f64 / total as f64, giveups as f64 / total as f64,
+             start.elapsed().as_nanos() as f64 * threads as f64 / total as f64);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, d: &str| args.get(i).cloned().unwrap_or_else(|| d.to_string());
+    match args.get(1).map(String::as_str) {
+        Some("hotpath") => hotpath(&arg(2, "{}"), arg(3, "200000").parse().unwrap_or(200_000)),
+        Some("contention") => contention(
+            arg(2, "2").parse().unwrap_or(2),
+            arg(3, "1").parse().unwrap_or(1),
+            arg(4, "200000").parse().unwrap_or(200_000),
+        ),
+        _ => {
+            eprintln!("usage: core-bench hotpath <config.json> [iterations] | contention <threads> <keys> [updates]");
+            std::process::exit(2);
+        }
+    }
+}
