@@ -69,6 +69,9 @@ pub struct RetryAfter {
     pub default_ms: u64,
     pub max_ms: u64,
     pub jitter: f64,
+    /// Tell clients twice as long per consecutive failed cooldown round (off by default: the
+    /// contract's `retry-after-ms` is the provider's time plus jitter).
+    pub escalate: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,6 +124,7 @@ impl Default for Config {
                 default_ms: 1000,
                 max_ms: 60_000,
                 jitter: 0.2,
+                escalate: false,
             },
             cooldown: Cooldown {
                 enabled: true,
@@ -189,7 +193,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
 
     if let Some(v) = obj.get("retry_after") {
         let o = Obj::new(v, "retry_after")?;
-        o.only(&["default_ms", "max_ms", "jitter"])?;
+        o.only(&["default_ms", "max_ms", "jitter", "escalate"])?;
         let r = &mut cfg.retry_after;
         if let Some(v) = o.get("default_ms") {
             r.default_ms = uint_in(v, "retry_after.default_ms", 1, MAX_DURATION_MS)?;
@@ -205,6 +209,9 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
                 return Err(err("retry_after.jitter", "must be between 0 and 1".into()));
             }
             r.jitter = j;
+        }
+        if let Some(v) = o.get("escalate") {
+            r.escalate = boolean(v, "retry_after.escalate")?;
         }
         if r.default_ms > r.max_ms {
             return Err(err(

@@ -229,6 +229,15 @@ impl Governor {
         }
     }
 
+    /// How many provider periods clients are told to wait after `rounds` failed rounds.
+    fn stretch(&self, rounds: u8) -> u64 {
+        if self.cfg.retry_after.escalate {
+            1u64 << u32::from(rounds.saturating_sub(1).min(10))
+        } else {
+            1
+        }
+    }
+
     fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
         let rec = self.cooldown_record(flow, env)?;
         flow.streak = rec.streak;
@@ -238,9 +247,9 @@ impl Governor {
             .filter(|ms| *ms > 0)?;
         // After failed rounds, clients wait the extra periods the upstream answers told them.
         let period = u64::from(rec.period_ms);
-        let stretch = (1u64 << u32::from(rec.streak.saturating_sub(1).min(10))) - 1;
+        let extra = self.stretch(rec.streak) - 1;
         let delay = retry_after::told(
-            remaining.saturating_add(period.saturating_mul(stretch)),
+            remaining.saturating_add(period.saturating_mul(extra)),
             period,
             &self.cfg.retry_after,
             env.rng,
@@ -428,11 +437,11 @@ impl Governor {
                     Counter::UpstreamOverloaded
                 };
                 // A round whose probe met another "not now" means the provider's time was too
-                // short: clients are told twice as long per failed round, so they keep their
-                // retries for after the recovery. The probe itself still goes at the provider's
-                // time (the cooldown deadline).
+                // short. With `escalate`, clients are told twice as long per failed round, so
+                // they keep their retries for after the recovery; the probe itself still goes
+                // at the provider's time (the cooldown deadline).
                 let rounds = self.failed_rounds(flow, env);
-                let stretch = 1u64 << u32::from(rounds.saturating_sub(1).min(10));
+                let stretch = self.stretch(rounds);
                 match provider_ms {
                     Some(ms) => {
                         let told = retry_after::told(ms.saturating_mul(stretch), ms, ra, env.rng);

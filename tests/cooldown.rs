@@ -213,7 +213,7 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
 
 #[test]
 fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
-    let mut host = Host::new(CFG);
+    let mut host = Host::new(r#"{"retry_after": {"escalate": true}}"#);
     // The provider keeps saying "1 s" while it stays down.
     let answer = |host: &mut Host, f: &llm_governor::policy::Flow| {
         host.respond(f, 429, &[("retry-after", "1")], RL)
@@ -242,4 +242,15 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 200, &[], "{}");
     assert_eq!(told(&mut host), 1000);
+}
+
+#[test]
+fn without_escalate_clients_are_told_the_provider_time_every_round() {
+    let mut host = Host::new(CFG);
+    for _ in 0..3 {
+        let f = host.forward("/v1/chat/completions", &[A]);
+        let g = host.respond(&f, 429, &[("retry-after", "1")], RL);
+        assert_eq!(g.map(|g| g.delay_ms), Some(1000));
+        host.advance(1000);
+    }
 }

@@ -1,6 +1,6 @@
 """`make storm`: the 429 storm through five configurations, side by side in one run.
 
-    .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,replay] [--configs abcde]
+    .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,replay] [--configs abcdef]
 
 Configurations: (a) no gateway, (b) Envoy retrying 429 x3, (c) Envoy with
 rate_limited_retry_back_off, (d) LiteLLM's proxy with num_retries: 3, (e) Envoy + llm-governor
@@ -82,7 +82,7 @@ def replay_table(rows: list) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="issue3,issue5,replay")
-    ap.add_argument("--configs", default="abcde")
+    ap.add_argument("--configs", default="abcdef")
     ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (b, c, e)")
     ap.add_argument("--out", default=str(core.REPO_ROOT / "bench" / "out" / "storm"))
     ap.add_argument("--no-plot", action="store_true")

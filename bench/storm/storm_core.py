@@ -53,6 +53,9 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 LITELLM_VENV = REPO_ROOT / "bench" / ".venv-litellm"
 
 GOVERNOR_CONFIG = {"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]}
+# (f): the same with `retry_after.escalate`, which stretches what clients are told after a
+# cooldown round whose probe failed (off by default).
+GOVERNOR_ESCALATE_CONFIG = {**GOVERNOR_CONFIG, "retry_after": {"escalate": True}}
 
 CONFIG_NAMES = {
     "a": "no gateway",
@@ -60,6 +63,7 @@ CONFIG_NAMES = {
     "c": "Envoy rate_limited_retry_back_off",
     "d": "LiteLLM num_retries=3",
     "e": "Envoy + llm-governor",
+    "f": "Envoy + llm-governor, escalate",
 }
 
 
@@ -200,8 +204,9 @@ def retry_bootstrap(upstream_port: int, http_filters: list, rate_limited_back_of
 class EnvoyGateway(Gateway):
     def __init__(self, key: str, sim: Simulator, concurrency: int = 2):
         self.key, self.name = key, CONFIG_NAMES[key]
-        if key == "e":
-            self.envoy = Envoy(GOVERNOR_CONFIG, upstream_port=sim.port, concurrency=concurrency)
+        if key in "ef":
+            config = GOVERNOR_CONFIG if key == "e" else GOVERNOR_ESCALATE_CONFIG
+            self.envoy = Envoy(config, upstream_port=sim.port, concurrency=concurrency)
         else:
             boot = retry_bootstrap(sim.port, [], rate_limited_back_off=(key == "c"))
             self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
