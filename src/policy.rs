@@ -245,15 +245,14 @@ impl Governor {
             .deadline_ms
             .checked_sub(env.now_ms)
             .filter(|ms| *ms > 0)?;
-        // After failed rounds, clients wait the extra periods the upstream answers told them.
-        let period = u64::from(rec.period_ms);
+        // After failed rounds (with `escalate`), clients wait the extra periods the upstream
+        // answers told them. The jitter is a fraction of what is left, not of the whole
+        // period: a client that arrives just before the deadline (the deadline moved a little
+        // later with the last answers of the first wave) is sent back just after it, instead
+        // of up to a fifth of the period later, which would spend its time budget for nothing.
         let extra = self.stretch(rec.streak) - 1;
-        let delay = retry_after::told(
-            remaining.saturating_add(period.saturating_mul(extra)),
-            period,
-            &self.cfg.retry_after,
-            env.rng,
-        );
+        let wait = remaining.saturating_add(u64::from(rec.period_ms).saturating_mul(extra));
+        let delay = retry_after::told(wait, wait, &self.cfg.retry_after, env.rng);
         let counter = if rec.class == Class::QuotaExhausted {
             Counter::LocalRejectQuota
         } else {

@@ -50,15 +50,19 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
 }
 
 #[test]
-fn local_answers_spread_clients_over_the_jitter_window() {
+fn local_answers_add_jitter_to_the_time_left() {
     let mut host = Host::new(CFG);
     host.rng.0 = 0.5;
     let flow = host.forward("/v1/chat/completions", &[A]);
     host.respond(&flow, 429, &[("retry-after", "10")], RL);
-    host.advance(9_900);
+    host.advance(5_000);
     let h = local(&mut host, "/v1/chat/completions", &[A]);
-    // 100 ms left, plus half of 20 % of the 10 s period.
-    assert_eq!(header(&h, "retry-after-ms"), "1100");
+    // 5 s left, plus half of 20 % of it.
+    assert_eq!(header(&h, "retry-after-ms"), "5500");
+    // Just before the deadline, a client is sent back just after it.
+    host.advance(4_900);
+    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    assert_eq!(header(&h, "retry-after-ms"), "110");
 }
 
 #[test]
@@ -231,7 +235,7 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     host.advance(1000);
     // The probe at the deadline fails: round 2, clients are told 2 s...
     assert_eq!(told(&mut host), 2000);
-    // ...and so are clients answered locally during it (1 s left plus one extra period).
+    // ...and so are clients answered locally during it (0.8 s left plus one extra period).
     host.advance(200);
     let h = local(&mut host, "/v1/chat/completions", &[A]);
     assert_eq!(header(&h, "retry-after-ms"), "1800");
