@@ -485,11 +485,25 @@ impl Governor {
             class,
             streak,
         });
+        let jitter = self.cfg.retry_after.jitter;
         let result = store::update(env.store, &key, None, |cur| {
             let old = cur.and_then(CooldownRecord::decode);
             let next = match (old, wanted) {
                 // Re-cooling keeps the later deadline, never the shorter.
                 (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => {
+                    CooldownRecord { streak, ..o }
+                }
+                // Except within the running round's jitter band: the answers of one burst
+                // arrive over tens or hundreds of milliseconds, each with the provider's
+                // "N s from now", and clients were already told N s plus up to `jitter` of it.
+                // Moving the deadline by less than that band would only answer locally the
+                // clients that come back on time, after the provider has recovered.
+                (Some(o), Some(w))
+                    if o.deadline_ms > now
+                        && o.class == w.class
+                        && (w.deadline_ms - o.deadline_ms) as f64
+                            <= f64::from(o.period_ms) * jitter =>
+                {
                     CooldownRecord { streak, ..o }
                 }
                 (_, Some(w)) => w,

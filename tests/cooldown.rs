@@ -258,3 +258,30 @@ fn without_escalate_clients_are_told_the_provider_time_every_round() {
         host.advance(1000);
     }
 }
+
+#[test]
+fn answers_of_one_burst_do_not_push_the_deadline_within_the_jitter_band() {
+    let mut host = Host::new(CFG);
+    let first = host.forward("/v1/chat/completions", &[A]);
+    let late = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&first, 429, &[("retry-after", "2")], RL);
+    // The last answer of the same burst, 300 ms later, says "2 s" too: within 20 % of 2 s.
+    host.advance(300);
+    host.respond(&late, 429, &[("retry-after", "2")], RL);
+    host.advance(1_700);
+    host.forward("/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
+    let mut host = Host::new(CFG);
+    let first = host.forward("/v1/chat/completions", &[A]);
+    let late = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&first, 429, &[("retry-after", "2")], RL);
+    host.advance(500);
+    host.respond(&late, 429, &[("retry-after", "2")], RL);
+    host.advance(1_500);
+    local(&mut host, "/v1/chat/completions", &[A]);
+    host.advance(500);
+    host.forward("/v1/chat/completions", &[A]);
+}
