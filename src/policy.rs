@@ -246,13 +246,13 @@ impl Governor {
             .checked_sub(env.now_ms)
             .filter(|ms| *ms > 0)?;
         // After failed rounds (with `escalate`), clients wait the extra periods the upstream
-        // answers told them. The jitter is a fraction of what is left, not of the whole
-        // period: a client that arrives just before the deadline (the deadline moved a little
-        // later with the last answers of the first wave) is sent back just after it, instead
-        // of up to a fifth of the period later, which would spend its time budget for nothing.
+        // answers told them. The jitter is a fraction of the whole period, not of what is
+        // left: clients answered late in a cooldown would otherwise all come back within a few
+        // milliseconds of the deadline and collide there.
+        let period = u64::from(rec.period_ms);
         let extra = self.stretch(rec.streak) - 1;
-        let wait = remaining.saturating_add(u64::from(rec.period_ms).saturating_mul(extra));
-        let delay = retry_after::told(wait, wait, &self.cfg.retry_after, env.rng);
+        let wait = remaining.saturating_add(period.saturating_mul(extra));
+        let delay = retry_after::told(wait, period, &self.cfg.retry_after, env.rng);
         let counter = if rec.class == Class::QuotaExhausted {
             Counter::LocalRejectQuota
         } else {
@@ -505,6 +505,20 @@ impl Governor {
                             <= f64::from(o.period_ms) * jitter =>
                 {
                     CooldownRecord { streak, ..o }
+                }
+                // A new cooldown soon after the previous one ended is part of the same episode
+                // (a window reopening a slot at a time): it keeps the episode's longest period,
+                // so clients answered locally in a short cooldown (tens of ms until the next
+                // slot) are still spread over a fraction of the episode's period rather than
+                // all sent back within a few milliseconds to collide at the next slot.
+                (Some(o), Some(w))
+                    if o.class == w.class
+                        && o.deadline_ms.saturating_add(u64::from(o.period_ms)) > now =>
+                {
+                    CooldownRecord {
+                        period_ms: w.period_ms.max(o.period_ms),
+                        ..w
+                    }
                 }
                 (_, Some(w)) => w,
                 (Some(o), None) => CooldownRecord { streak, ..o },

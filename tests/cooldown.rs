@@ -50,19 +50,16 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
 }
 
 #[test]
-fn local_answers_add_jitter_to_the_time_left() {
+fn local_answers_spread_clients_over_the_jitter_window() {
     let mut host = Host::new(CFG);
     host.rng.0 = 0.5;
     let flow = host.forward("/v1/chat/completions", &[A]);
     host.respond(&flow, 429, &[("retry-after", "10")], RL);
-    host.advance(5_000);
+    host.advance(9_900);
     let h = local(&mut host, "/v1/chat/completions", &[A]);
-    // 5 s left, plus half of 20 % of it.
-    assert_eq!(header(&h, "retry-after-ms"), "5500");
-    // Just before the deadline, a client is sent back just after it.
-    host.advance(4_900);
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
-    assert_eq!(header(&h, "retry-after-ms"), "110");
+    // 100 ms left, plus half of 20 % of the 10 s period: clients answered late in a cooldown
+    // do not all come back on the deadline's millisecond.
+    assert_eq!(header(&h, "retry-after-ms"), "1100");
 }
 
 #[test]
@@ -284,4 +281,27 @@ fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
     local(&mut host, "/v1/chat/completions", &[A]);
     host.advance(500);
     host.forward("/v1/chat/completions", &[A]);
+}
+
+#[test]
+fn short_cooldowns_in_an_episode_keep_its_spread() {
+    let mut host = Host::new(CFG);
+    host.rng.0 = 0.5;
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&f, 429, &[("retry-after", "3")], RL);
+    host.advance(3_000);
+    // The window reopens one slot at a time: a 2xx reports nothing left for 40 ms.
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(
+        &f,
+        200,
+        &[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "40ms"),
+        ],
+        "{}",
+    );
+    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    // 40 ms left, plus half of 20 % of the episode's 3 s period (not of 40 ms).
+    assert_eq!(header(&h, "retry-after-ms"), "340");
 }
