@@ -444,7 +444,8 @@ impl Governor {
                 match provider_ms {
                     Some(ms) => {
                         let told = retry_after::told(ms.saturating_mul(stretch), ms, ra, env.rng);
-                        (counter, told, Some(ms.min(cd.max_ms)), rounds)
+                        let cool = retry_after::sub_second_wait(headers, snap).unwrap_or(ms);
+                        (counter, told, Some(cool.min(cd.max_ms)), rounds)
                     }
                     None => {
                         let told = retry_after::backoff(rounds.saturating_sub(1), ra, env.rng);

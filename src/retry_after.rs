@@ -80,6 +80,19 @@ fn exhausted_reset(snap: &Snapshot, body: &[u8], dialect: Dialect) -> Option<(u6
     None
 }
 
+/// `retry-after: 1` is the smallest wait whole seconds can say: when the provider's own reset
+/// header for the exhausted dimension says less than a second, the wait really is that short
+/// (a sliding window freeing its next slot). The cooldown then lasts until that reset, so
+/// other clients are not turned away for the rest of a second the provider does not need;
+/// the client that got the 429 is still told the provider's 1 s plus jitter.
+pub fn sub_second_wait(h: &Headers, snap: &Snapshot) -> Option<u64> {
+    if h.get_str("retry-after-ms").is_some() || h.get_str("retry-after") != Some("1") {
+        return None;
+    }
+    snap.exhausted_reset_ms()
+        .filter(|ms| (1..1000).contains(ms))
+}
+
 /// The dimension that ran out, for the `exhausted_*` counters.
 pub fn exhausted_dimension(snap: &Snapshot, body: &[u8]) -> Option<Dimension> {
     snap.exhausted()

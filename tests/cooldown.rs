@@ -305,3 +305,33 @@ fn short_cooldowns_in_an_episode_keep_its_spread() {
     // 40 ms left, plus half of 20 % of the episode's 3 s period (not of 40 ms).
     assert_eq!(header(&h, "retry-after-ms"), "340");
 }
+
+#[test]
+fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
+    let mut host = Host::new(CFG);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    let h = [
+        ("retry-after", "1"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "12ms"),
+    ];
+    let g = host.respond(&f, 429, &h, RL);
+    // The client is told the provider's 1 s...
+    assert_eq!(g.map(|g| g.delay_ms), Some(1000));
+    // ...but the window frees its slot after 12 ms, and so does the cooldown.
+    host.advance(5);
+    local(&mut host, "/v1/chat/completions", &[A]);
+    host.advance(7);
+    host.forward("/v1/chat/completions", &[A]);
+    // Longer whole-second hints, and hints in ms, are kept as they are.
+    let mut host = Host::new(CFG);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    let h = [
+        ("retry-after", "2"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "1.5s"),
+    ];
+    host.respond(&f, 429, &h, RL);
+    host.advance(1_999);
+    local(&mut host, "/v1/chat/completions", &[A]);
+}
