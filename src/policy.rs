@@ -71,26 +71,30 @@ pub enum ResponseStep {
     Rewrite(Governed),
 }
 
-/// A cooldown as stored in shared data: 14 fixed-width bytes.
+/// A cooldown as stored in shared data: 18 fixed-width bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CooldownRecord {
     /// Until when the provider said "not now", Unix ms (0: not cooling).
     pub deadline_ms: u64,
-    /// The length of the cooldown when it was set, for spreading returning clients.
+    /// The provider's time in the answer that set the deadline.
     pub period_ms: u32,
+    /// What returning clients are spread over: a fraction of the longest period of the
+    /// episode this cooldown belongs to.
+    pub spread_ms: u32,
     pub class: Class,
     pub streak: u8,
 }
 
 impl CooldownRecord {
-    const LEN: usize = 14;
+    const LEN: usize = 18;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
         out[..8].copy_from_slice(&self.deadline_ms.to_le_bytes());
         out[8..12].copy_from_slice(&self.period_ms.to_le_bytes());
-        out[12] = self.class.to_byte();
-        out[13] = self.streak;
+        out[12..16].copy_from_slice(&self.spread_ms.to_le_bytes());
+        out[16] = self.class.to_byte();
+        out[17] = self.streak;
         out
     }
 
@@ -101,8 +105,9 @@ impl CooldownRecord {
         Some(CooldownRecord {
             deadline_ms: u64::from_le_bytes(b[..8].try_into().ok()?),
             period_ms: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            class: Class::from_byte(b[12])?,
-            streak: b[13],
+            spread_ms: u32::from_le_bytes(b[12..16].try_into().ok()?),
+            class: Class::from_byte(b[16])?,
+            streak: b[17],
         })
     }
 }
@@ -249,10 +254,10 @@ impl Governor {
         // answers told them. The jitter is a fraction of the whole period, not of what is
         // left: clients answered late in a cooldown would otherwise all come back within a few
         // milliseconds of the deadline and collide there.
-        let period = u64::from(rec.period_ms);
         let extra = self.stretch(rec.streak) - 1;
-        let wait = remaining.saturating_add(period.saturating_mul(extra));
-        let delay = retry_after::told(wait, period, &self.cfg.retry_after, env.rng);
+        let wait = remaining.saturating_add(u64::from(rec.period_ms).saturating_mul(extra));
+        let spread = u64::from(rec.spread_ms);
+        let delay = retry_after::told(wait, spread, &self.cfg.retry_after, env.rng);
         let counter = if rec.class == Class::QuotaExhausted {
             Counter::LocalRejectQuota
         } else {
@@ -483,6 +488,7 @@ impl Governor {
         let wanted = ms.map(|ms| CooldownRecord {
             deadline_ms: now.saturating_add(ms),
             period_ms: u32::try_from(ms).unwrap_or(u32::MAX),
+            spread_ms: u32::try_from(ms).unwrap_or(u32::MAX),
             class,
             streak,
         });
@@ -494,14 +500,16 @@ impl Governor {
                 (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => {
                     CooldownRecord { streak, ..o }
                 }
-                // Except within the running round's jitter band: the answers of one burst
-                // arrive over tens or hundreds of milliseconds, each with the provider's
-                // "N s from now", and clients were already told N s plus up to `jitter` of it.
-                // Moving the deadline by less than that band would only answer locally the
-                // clients that come back on time, after the provider has recovered.
+                // Except for the answers of one burst: they arrive over tens or hundreds of
+                // milliseconds, each with the same "N s from now", and clients were already
+                // told N s plus up to `jitter` of it. Moving the deadline by less than that
+                // band would only answer locally the clients that come back on time, after the
+                // provider has recovered. A different time is a different statement and moves
+                // the deadline as usual.
                 (Some(o), Some(w))
                     if o.deadline_ms > now
                         && o.class == w.class
+                        && o.period_ms == w.period_ms
                         && (w.deadline_ms - o.deadline_ms) as f64
                             <= f64::from(o.period_ms) * jitter =>
                 {
@@ -514,10 +522,10 @@ impl Governor {
                 // all sent back within a few milliseconds to collide at the next slot.
                 (Some(o), Some(w))
                     if o.class == w.class
-                        && o.deadline_ms.saturating_add(u64::from(o.period_ms)) > now =>
+                        && o.deadline_ms.saturating_add(u64::from(o.spread_ms)) > now =>
                 {
                     CooldownRecord {
-                        period_ms: w.period_ms.max(o.period_ms),
+                        spread_ms: w.spread_ms.max(o.spread_ms),
                         ..w
                     }
                 }
@@ -526,6 +534,7 @@ impl Governor {
                 (None, None) => CooldownRecord {
                     deadline_ms: 0,
                     period_ms: 0,
+                    spread_ms: 0,
                     class,
                     streak,
                 },

@@ -335,3 +335,29 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
     host.advance(1_999);
     local(&mut host, "/v1/chat/completions", &[A]);
 }
+
+#[test]
+fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
+    let mut host = Host::new(CFG);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    host.respond(&f, 429, &[("retry-after", "3")], RL);
+    host.advance(3_000);
+    let f = host.forward("/v1/chat/completions", &[A]);
+    let racing = host.forward("/v1/chat/completions", &[A]);
+    host.respond(
+        &f,
+        200,
+        &[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "40ms"),
+        ],
+        "{}",
+    );
+    // A request that raced the 2xx is refused with its own time, 300 ms beyond the 40 ms
+    // cooldown: within the episode's 600 ms spread, but a different statement, so it holds.
+    host.respond(&racing, 429, &[("retry-after-ms", "340")], RL);
+    host.advance(339);
+    local(&mut host, "/v1/chat/completions", &[A]);
+    host.advance(1);
+    host.forward("/v1/chat/completions", &[A]);
+}
