@@ -179,7 +179,7 @@ impl Governor {
                 let delay = take.wait_ms.clamp(1, self.cfg.retry_after.max_ms);
                 let fields = LimitFields {
                     name: limit.name.clone(),
-                    quota: limit.burst,
+                    quota: limit.per_minute,
                     window_s: 60,
                     remaining: take.remaining,
                     reset_s: take.wait_ms.div_ceil(1000),

@@ -32,7 +32,7 @@ fn burst_then_one_per_second_with_ietf_fields() {
             assert_eq!(header(&r.headers, "retry-after"), "1");
             assert_eq!(
                 header(&r.headers, "ratelimit-policy"),
-                "\"tenant-rpm\";q=5;w=60"
+                "\"tenant-rpm\";q=60;w=60"
             );
             assert_eq!(header(&r.headers, "ratelimit"), "\"tenant-rpm\";r=0;t=1");
         }

@@ -79,7 +79,7 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
             assert_eq!(header(&r.headers, "retry-after-ms"), "5010");
             assert_eq!(
                 header(&r.headers, "ratelimit-policy"),
-                "\"tenant-tpm\";q=1000;w=60"
+                "\"tenant-tpm\";q=6000;w=60"
             );
         }
         RequestDecision::Forward(_) => panic!("admitted while in debt"),

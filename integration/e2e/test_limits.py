@@ -63,14 +63,15 @@ def refilled(replies, per_minute: int) -> int:
     return math.floor(span_s * per_minute / 60)
 
 
-def assert_limit_answer(reply, name: str, burst: int, max_wait_ms: int) -> int:
+def assert_limit_answer(reply, name: str, per_minute: int, max_wait_ms: int) -> int:
     """The local answer of an empty bucket; returns its retry-after-ms."""
     h = reply.headers
     assert reply.status == 429, (reply.status, h)
     assert h.get("x-llm-governor-source") == "limit", h
     assert h.get("x-llm-governor-class") == "rate_limited", h
     assert h.get("x-should-retry") == "true", h
-    assert h.get("ratelimit-policy") == f'"{name}";q={burst};w=60', h
+    # The contract's `"tenant-rpm";q=600;w=60`: the quota per minute, whatever the burst.
+    assert h.get("ratelimit-policy") == f'"{name}";q={per_minute};w=60', h
     ms = int(h["retry-after-ms"])
     assert 0 < ms <= max_wait_ms, f"retry-after-ms {ms} is not the time until one token ({max_wait_ms} ms at most)"
     assert int(h["retry-after"]) == math.ceil(ms / 1000), h
@@ -119,7 +120,7 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
             f"admitted {len(admitted)} of {len(replies)} with burst {BURST} on {concurrency} workers "
             f"({slack} tokens refilled during the hammer)"
         )
-        waits = [assert_limit_answer(r, "tenant-rpm", BURST, 60_000 // PER_MINUTE) for r in rejected]
+        waits = [assert_limit_answer(r, "tenant-rpm", PER_MINUTE, 60_000 // PER_MINUTE) for r in rejected]
         rejected_total += len(rejected)
 
         # retry-after-ms is honest: coming back when told finds a token.
@@ -154,7 +155,7 @@ def test_requests_without_the_header_share_one_bucket(envoy_factory, sim):
         (reply,) = post_concurrently(envoy.url, [[job(api_key)]])
         statuses.append(reply.status)
         if reply.status != 200:
-            assert_limit_answer(reply, "tenant-rpm", 3, 60_000)
+            assert_limit_answer(reply, "tenant-rpm", SLOW["requests_per_minute"], 60_000)
     assert statuses == [200, 200, 200, 429, 429, 429]
     assert sum(len(sim.requests_for(k)) for k in api_keys) == 3
 
@@ -200,14 +201,14 @@ def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
     )
     for r in replies:
         if r.status != 200:
-            assert_limit_answer(r, "tenant-rpm", BURST, 60_000)
+            assert_limit_answer(r, "tenant-rpm", SLOW["requests_per_minute"], 60_000)
     print(f"\nmax_keys {MAX_KEYS}: overflow_keys {overflowed}, overflow tenants admitted {len(admitted)} of {OVERFLOW_PHASE}")
 
     # A tenant with its own bucket is not affected by the overflow; a new one is limited at once.
     (own_again,) = post_concurrently(envoy.url, [[job(first_key, first_tenants[0])]])
     assert own_again.status == 200
     (newcomer,) = post_concurrently(envoy.url, [[job(overflow_key, fresh("t-late"))]])
-    assert_limit_answer(newcomer, "tenant-rpm", BURST, 60_000)
+    assert_limit_answer(newcomer, "tenant-rpm", SLOW["requests_per_minute"], 60_000)
     assert counter(envoy, "openai", "overflow_keys") == overflowed + 1
 
 

@@ -70,7 +70,7 @@ def test_usage_is_charged_and_the_next_request_waits(envoy_factory, sim, dialect
         _call(dialect, client, stream)
     headers = refused.value.response.headers
     assert headers["x-llm-governor-source"] == "limit"
-    assert headers["ratelimit-policy"] == '"tenant-tpm";q=100;w=60'
+    assert headers["ratelimit-policy"] == '"tenant-tpm";q=600;w=60'
     # 21 tokens to refill at 10 per second, minus the time the first call took.
     assert 1000 < int(headers["retry-after-ms"]) <= 2100
     # The refused call never reached the provider; another tenant is unaffected.
