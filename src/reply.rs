@@ -111,13 +111,10 @@ fn message(
 
 fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
     let value = match dialect {
+        // A local answer is always a 429, which Anthropic's API calls a rate_limit_error
+        // whatever the reason; x-llm-governor-class carries the class.
         Dialect::Anthropic => {
-            let kind = if class == Class::Overloaded {
-                "overloaded_error"
-            } else {
-                "rate_limit_error"
-            };
-            serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+            serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": message}})
         }
         Dialect::Gemini => serde_json::json!({"error": {
             "code": 429,
