@@ -1,9 +1,9 @@
 //! The decisions: what to do with a request, and what to tell the client about a response.
 //!
-//! Generic over the shared store, the metrics sink and the randomness, and given `now`
-//! explicitly, so every path is driven natively in tests exactly as the host drives it.
+//! The shared store, the metrics sink and the randomness come in as traits and `now` as a
+//! value, so every path is driven natively in tests exactly as the host drives it.
 
-use crate::bucket::{Bucket, Take};
+use crate::bucket::{Bucket, Shape, Take};
 use crate::classify::{self, Class, Dialect};
 use crate::config::{Config, LimitKey, LimitKind, Pool};
 use crate::headers::Headers;
@@ -38,7 +38,8 @@ pub struct Flow {
     pub account: u64,
     /// The dialect for locally generated bodies (`auto` resolved from the request).
     pub dialect: Dialect,
-    /// Consecutive hint-less rate limits seen for this (pool, account), for the backoff.
+    /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:
+    /// a success resets them.
     pub streak: u8,
     /// Token buckets to charge with the response's usage: (limit index, shared-data key).
     pub charges: Vec<(usize, String)>,
@@ -204,12 +205,8 @@ impl Governor {
         let now = env.now_ms;
         for (i, key) in &flow.charges {
             let shape = self.cfg.limits[*i].shape();
-            let init = Bucket::full(shape, now).encode();
-            let result = store::update(env.store, key, Some(&init), |cur| {
-                let b = cur
-                    .and_then(Bucket::decode)
-                    .unwrap_or_else(|| Bucket::full(shape, now));
-                (Some(b.charge(shape, now, tokens).encode().to_vec()), ())
+            let result = update_bucket(env, key, None, shape, |b| {
+                (Some(b.charge(shape, now, tokens)), ())
             });
             if let Err(e) = result {
                 self.store_failed(flow.pool, key, &e, env);
@@ -293,19 +290,12 @@ impl Governor {
             key = keys::overflow_bucket_key(&limit.name);
         }
         let now = env.now_ms;
-        let init = Bucket::full(shape, now).encode();
-        let result = store::update_from(env.store, &key, known, Some(&init), |cur| {
-            let b = cur
-                .and_then(Bucket::decode)
-                .unwrap_or_else(|| Bucket::full(shape, now));
-            match limit.kind {
-                LimitKind::Requests => {
-                    let (after, take) = b.take(shape, now, 1);
-                    let write = (after != b || cur.is_none()).then(|| after.encode().to_vec());
-                    (write, take)
-                }
-                LimitKind::Tokens => (None, b.check(shape, now, 1)),
+        let result = update_bucket(env, &key, known, shape, |b| match limit.kind {
+            LimitKind::Requests => {
+                let (after, take) = b.take(shape, now, 1);
+                ((after != b).then_some(after), take)
             }
+            LimitKind::Tokens => (None, b.check(shape, now, 1)),
         });
         match result {
             Ok(u) => Some((key, u.value)),
@@ -550,6 +540,26 @@ impl Governor {
             }
         }
     }
+}
+
+/// Read-modify-write the token bucket at `key`, created full when missing (a stored value
+/// that is not a bucket reads as a full one). `step` returns the bucket to write, if any.
+fn update_bucket<T>(
+    env: &Env,
+    key: &str,
+    known: Option<(Vec<u8>, u32)>,
+    shape: Shape,
+    mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
+) -> Result<store::Updated<T>, UpdateError> {
+    let now = env.now_ms;
+    let init = Bucket::full(shape, now).encode();
+    store::update_from(env.store, key, known, Some(&init), |cur| {
+        let b = cur
+            .and_then(Bucket::decode)
+            .unwrap_or_else(|| Bucket::full(shape, now));
+        let (write, value) = step(b);
+        (write.map(|b| b.encode().to_vec()), value)
+    })
 }
 
 fn strip_bearer(v: &[u8]) -> &[u8] {
