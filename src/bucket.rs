@@ -105,6 +105,18 @@ impl Bucket {
         self.take(shape, now_ms, amount).1
     }
 
+    /// Give back `amount` tokens taken for a request that did not go (never above the burst).
+    pub fn give(self, shape: Shape, now_ms: u64, amount: u64) -> Bucket {
+        let b = self.refill(shape, now_ms);
+        Bucket {
+            level: b
+                .level
+                .saturating_add(to_units(amount))
+                .min(to_units(shape.burst)),
+            ..b
+        }
+    }
+
     /// Charge `amount` tokens unconditionally (may go into debt, bounded at one burst).
     pub fn charge(self, shape: Shape, now_ms: u64, amount: u64) -> Bucket {
         let b = self.refill(shape, now_ms);

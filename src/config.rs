@@ -15,6 +15,11 @@ const MAX_LIMITS: usize = 64;
 const MAX_ACCOUNT_HEADERS: usize = 16;
 const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
 const MAX_PER_MINUTE: u64 = 1_000_000_000;
+/// Envoy's `stream_idle_timeout` is 5 minutes by default, and a held request sends nothing.
+const MAX_HOLD_MS: u64 = 300_000;
+const MAX_HELD: u64 = 100_000;
+const MAX_IN_FLIGHT: u64 = 1_000_000;
+const DEFAULT_SLOT_LEASE_MS: u64 = 600_000;
 /// The name of the implicit pool for requests that match no configured pool.
 pub const DEFAULT_POOL: &str = "default";
 
@@ -47,7 +52,34 @@ pub struct Config {
     pub preemptive: bool,
     pub limits: Vec<Limit>,
     pub max_keys: u64,
+    pub hold: Hold,
 }
+
+/// Holding requests through short waits instead of answering them locally.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    /// The longest wait a request is held through; 0 turns holding off.
+    pub max_ms: u64,
+    /// At most this many requests held at once on one worker.
+    pub max_held: u64,
+    /// Taken off the client's own timeout: a held request is released or answered this long
+    /// before the client would give up.
+    pub margin_ms: u64,
+    /// Where the client's timeout is read from, first present wins.
+    pub deadline_headers: Vec<String>,
+}
+
+impl Hold {
+    pub fn enabled(&self) -> bool {
+        self.max_ms > 0 && self.max_held > 0
+    }
+}
+
+pub const DEFAULT_DEADLINE_HEADERS: [&str; 3] = [
+    "x-stainless-read-timeout",
+    "x-stainless-timeout",
+    "x-envoy-expected-rq-timeout-ms",
+];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pool {
@@ -92,6 +124,8 @@ pub enum LimitKey {
 pub enum LimitKind {
     Requests,
     Tokens,
+    /// At most `per_minute` (the cap) requests of one key upstream at once.
+    InFlight,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -99,8 +133,12 @@ pub struct Limit {
     pub name: String,
     pub key: LimitKey,
     pub kind: LimitKind,
+    /// Requests or tokens a minute; for `InFlight`, the cap.
     pub per_minute: u64,
     pub burst: u64,
+    /// `InFlight` only: how long a slot whose stream never reported its end (its VM was
+    /// replaced) is counted at most.
+    pub slot_lease_ms: u64,
 }
 
 impl Limit {
@@ -134,6 +172,15 @@ impl Default for Config {
             preemptive: true,
             limits: Vec::new(),
             max_keys: 10_000,
+            hold: Hold {
+                max_ms: 10_000,
+                max_held: 1000,
+                margin_ms: 2000,
+                deadline_headers: DEFAULT_DEADLINE_HEADERS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            },
         }
     }
 }
@@ -163,6 +210,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         "preemptive",
         "limits",
         "max_keys",
+        "hold",
     ])?;
 
     if let Some(v) = obj.get("pools") {
@@ -257,6 +305,29 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if let Some(v) = obj.get("max_keys") {
         cfg.max_keys = uint_in(v, "max_keys", 1, 10_000_000)?;
     }
+
+    if let Some(v) = obj.get("hold") {
+        let o = Obj::new(v, "hold")?;
+        o.only(&["max_ms", "max_held", "margin_ms", "deadline_headers"])?;
+        let h = &mut cfg.hold;
+        if let Some(v) = o.get("max_ms") {
+            h.max_ms = uint_in(v, "hold.max_ms", 0, MAX_HOLD_MS)?;
+        }
+        if let Some(v) = o.get("max_held") {
+            h.max_held = uint_in(v, "hold.max_held", 0, MAX_HELD)?;
+        }
+        if let Some(v) = o.get("margin_ms") {
+            h.margin_ms = uint_in(v, "hold.margin_ms", 0, MAX_HOLD_MS)?;
+        }
+        if let Some(v) = o.get("deadline_headers") {
+            let items = array(v, "hold.deadline_headers", MAX_ACCOUNT_HEADERS)?;
+            h.deadline_headers = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| header_name(v, &format!("hold.deadline_headers[{i}]")))
+                .collect::<Result<_, _>>()?;
+        }
+    }
     Ok(cfg)
 }
 
@@ -336,7 +407,9 @@ fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
         "key",
         "requests_per_minute",
         "tokens_per_minute",
+        "max_in_flight",
         "burst",
+        "slot_lease_ms",
     ])?;
     let name = match o.get("name") {
         Some(v) => stat_name(v, &format!("{at}.name"))?,
@@ -363,31 +436,54 @@ fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
         }
         None => return Err(err(&format!("{at}.key"), "is required".into())),
     };
-    let (kind, per_minute) = match (o.get("requests_per_minute"), o.get("tokens_per_minute")) {
-        (Some(v), None) => (
-            LimitKind::Requests,
-            positive(v, &format!("{at}.requests_per_minute"))?,
-        ),
-        (None, Some(v)) => (
-            LimitKind::Tokens,
-            positive(v, &format!("{at}.tokens_per_minute"))?,
-        ),
+    let kinds = [
+        ("requests_per_minute", LimitKind::Requests, MAX_PER_MINUTE),
+        ("tokens_per_minute", LimitKind::Tokens, MAX_PER_MINUTE),
+        ("max_in_flight", LimitKind::InFlight, MAX_IN_FLIGHT),
+    ];
+    let mut given = kinds.iter().filter(|(f, _, _)| o.get(f).is_some());
+    let (kind, per_minute) = match (given.next(), given.next()) {
+        (Some((field, kind, max)), None) => {
+            let at = format!("{at}.{field}");
+            let n = positive(o.get(field).unwrap_or(&Value::Null), &at)?;
+            if n > *max {
+                return Err(err(&at, format!("must be <= {max}")));
+            }
+            (*kind, n)
+        }
         (Some(_), Some(_)) => {
             return Err(err(
                 at,
-                "set either requests_per_minute or tokens_per_minute, not both".into(),
+                "set one of requests_per_minute, tokens_per_minute or max_in_flight, not several"
+                    .into(),
             ))
         }
-        (None, None) => {
+        _ => {
             return Err(err(
                 at,
-                "one of requests_per_minute or tokens_per_minute is required".into(),
+                "one of requests_per_minute, tokens_per_minute or max_in_flight is required".into(),
             ))
         }
     };
     let burst = match o.get("burst") {
+        Some(_) if kind == LimitKind::InFlight => {
+            return Err(err(
+                &format!("{at}.burst"),
+                "applies to requests_per_minute and tokens_per_minute, not max_in_flight".into(),
+            ))
+        }
         Some(v) => positive(v, &format!("{at}.burst"))?,
         None => per_minute,
+    };
+    let slot_lease_ms = match o.get("slot_lease_ms") {
+        Some(_) if kind != LimitKind::InFlight => {
+            return Err(err(
+                &format!("{at}.slot_lease_ms"),
+                "applies to max_in_flight limits only".into(),
+            ))
+        }
+        Some(v) => uint_in(v, &format!("{at}.slot_lease_ms"), 1000, MAX_DURATION_MS)?,
+        None => DEFAULT_SLOT_LEASE_MS,
     };
     Ok(Limit {
         name,
@@ -395,6 +491,7 @@ fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {
         kind,
         per_minute,
         burst,
+        slot_lease_ms,
     })
 }
 

@@ -20,6 +20,17 @@ impl<'a> Headers<'a> {
             .map(|(_, v)| v.as_slice())
     }
 
+    /// Every value of `name`, in order.
+    pub fn all<'n>(&self, name: &'n str) -> impl Iterator<Item = &'a [u8]> + 'n
+    where
+        'a: 'n,
+    {
+        self.pairs
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
     /// The first value of `name` as trimmed UTF-8, or None when absent, empty or not UTF-8.
     pub fn get_str(&self, name: &str) -> Option<&'a str> {
         let s = std::str::from_utf8(self.get(name)?).ok()?.trim();

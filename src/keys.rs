@@ -27,6 +27,11 @@ pub fn bucket_key(limit: &str, key_id: u64) -> String {
     format!("b:{limit}:{key_id:016x}")
 }
 
+/// Shared-data key of the `max_in_flight` slots of one key of a limit.
+pub fn slots_key(limit: &str, key_id: u64) -> String {
+    format!("f:{limit}:{key_id:016x}")
+}
+
 /// The bucket that keys past `max_keys` share.
 pub fn overflow_bucket_key(limit: &str) -> String {
     format!("b:{limit}:~")

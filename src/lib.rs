@@ -6,8 +6,13 @@
 pub mod bucket;
 pub mod classify;
 pub mod config;
+pub mod cooldown;
+pub mod deadline;
 pub mod headers;
+pub mod hold;
+pub mod inflight;
 pub mod keys;
+pub mod limits;
 pub mod metrics;
 pub mod policy;
 pub mod ratelimit;

@@ -20,10 +20,16 @@ pub enum Counter {
     /// Envoy never delivered the body of a held error response (missing
     /// `allow_on_headers_stop_iteration`); it was classified from status and headers.
     BodyUnavailable,
+    /// A request was held instead of answered locally.
+    Held,
+    /// A held request went upstream.
+    HoldReleased,
+    /// A held request was answered locally after waiting (its wait outgrew its limit).
+    HoldExpired,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 17] = [
         Counter::UpstreamRateLimited,
         Counter::UpstreamQuotaExhausted,
         Counter::UpstreamOverloaded,
@@ -38,6 +44,9 @@ impl Counter {
         Counter::PreemptiveCooldown,
         Counter::StoreContention,
         Counter::BodyUnavailable,
+        Counter::Held,
+        Counter::HoldReleased,
+        Counter::HoldExpired,
     ];
 
     pub fn index(self) -> usize {
@@ -60,6 +69,9 @@ impl Counter {
             Counter::PreemptiveCooldown => "preemptive_cooldown",
             Counter::StoreContention => "store_contention",
             Counter::BodyUnavailable => "body_unavailable",
+            Counter::Held => "held",
+            Counter::HoldReleased => "hold_released",
+            Counter::HoldExpired => "hold_expired",
         }
     }
 }
@@ -74,10 +86,14 @@ pub enum Gauge {
     LimitTokens,
     ResetRequestsMs,
     ResetTokensMs,
+    /// Requests held now, summed over workers (each adds and subtracts its own).
+    HeldRequests,
+    /// Requests upstream now under a `max_in_flight` limit, summed over workers.
+    InFlight,
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 8] = [
+    pub const ALL: [Gauge; 10] = [
         Gauge::RemainingRequests,
         Gauge::RemainingTokens,
         Gauge::RemainingInputTokens,
@@ -86,6 +102,8 @@ impl Gauge {
         Gauge::LimitTokens,
         Gauge::ResetRequestsMs,
         Gauge::ResetTokensMs,
+        Gauge::HeldRequests,
+        Gauge::InFlight,
     ];
 
     pub fn index(self) -> usize {
@@ -102,12 +120,34 @@ impl Gauge {
             Gauge::LimitTokens => "limit_tokens",
             Gauge::ResetRequestsMs => "reset_requests_ms",
             Gauge::ResetTokensMs => "reset_tokens_ms",
+            Gauge::HeldRequests => "held_requests",
+            Gauge::InFlight => "in_flight",
         }
     }
 }
 
-/// The name of the one histogram per pool.
-pub const RETRY_AFTER_HISTOGRAM: &str = "retry_after_ms";
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Histogram {
+    /// What clients were told to wait.
+    RetryAfterMs,
+    /// How long held requests were held.
+    HoldMs,
+}
+
+impl Histogram {
+    pub const ALL: [Histogram; 2] = [Histogram::RetryAfterMs, Histogram::HoldMs];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Histogram::RetryAfterMs => "retry_after_ms",
+            Histogram::HoldMs => "hold_ms",
+        }
+    }
+}
 
 /// Full stat name (Envoy adds the `wasmcustom.` namespace in front).
 pub fn stat_name(pool: &str, metric: &str) -> String {
@@ -117,8 +157,11 @@ pub fn stat_name(pool: &str, metric: &str) -> String {
 /// Where stats go. `pool` is the index of the pool in the configuration.
 pub trait Metrics {
     fn count(&mut self, pool: usize, c: Counter);
+    /// Set a gauge (last writer wins across workers).
     fn gauge(&mut self, pool: usize, g: Gauge, value: u64);
-    fn retry_after(&mut self, pool: usize, ms: u64);
+    /// Move a gauge by `delta`: each worker adds its own part, so the gauge is the sum.
+    fn add(&mut self, pool: usize, g: Gauge, delta: i64);
+    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64);
 }
 
 /// A recording sink for tests.
@@ -126,7 +169,10 @@ pub trait Metrics {
 pub struct Recorded {
     pub counters: Vec<(usize, Counter)>,
     pub gauges: Vec<(usize, Gauge, u64)>,
+    /// Sums of `add` per (pool, gauge).
+    pub sums: Vec<(usize, Gauge, i64)>,
     pub histogram: Vec<(usize, u64)>,
+    pub hold_ms: Vec<(usize, u64)>,
 }
 
 impl Recorded {
@@ -144,6 +190,14 @@ impl Recorded {
             .find(|(p, x, _)| *p == pool && *x == g)
             .map(|(_, _, v)| *v)
     }
+
+    pub fn sum(&self, pool: usize, g: Gauge) -> i64 {
+        self.sums
+            .iter()
+            .filter(|(p, x, _)| *p == pool && *x == g)
+            .map(|(_, _, v)| *v)
+            .sum()
+    }
 }
 
 impl Metrics for Recorded {
@@ -153,7 +207,13 @@ impl Metrics for Recorded {
     fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
         self.gauges.push((pool, g, value));
     }
-    fn retry_after(&mut self, pool: usize, ms: u64) {
-        self.histogram.push((pool, ms));
+    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
+        self.sums.push((pool, g, delta));
+    }
+    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
+        match h {
+            Histogram::RetryAfterMs => self.histogram.push((pool, ms)),
+            Histogram::HoldMs => self.hold_ms.push((pool, ms)),
+        }
     }
 }

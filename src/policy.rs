@@ -1,14 +1,18 @@
-//! The decisions: what to do with a request, and what to tell the client about a response.
+//! The decisions: whether a request may go now, what to tell a client that must wait, and
+//! what a response means for the (pool, account) it came from.
 //!
 //! The shared store, the metrics sink and the randomness come in as traits and `now` as a
-//! value, so every path is driven natively in tests exactly as the host drives it.
+//! value, so every path is driven natively in tests exactly as the host drives it. The rules
+//! themselves live in their own modules: `cooldown` (merge and pace), `limits` (buckets and
+//! slots), `hold` (what a worker does with requests that must wait).
 
-use crate::bucket::{Bucket, Shape, Take};
 use crate::classify::{self, Class, Dialect};
 use crate::config::{Config, LimitKey, LimitKind, Pool};
+use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
 use crate::headers::Headers;
+use crate::inflight::Slot;
 use crate::keys;
-use crate::metrics::{Counter, Gauge, Metrics};
+use crate::metrics::{Counter, Gauge, Histogram, Metrics};
 use crate::ratelimit::{self, Snapshot};
 use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
 use crate::retry_after::{self, Random};
@@ -41,10 +45,69 @@ pub struct Flow {
     /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:
     /// a success resets them.
     pub streak: u8,
+    /// Per configured limit, the id of this request's key.
+    pub limit_keys: Vec<u64>,
     /// Token buckets to charge with the response's usage: (limit index, shared-data key).
     pub charges: Vec<(usize, String)>,
+    /// `max_in_flight` slots this request holds until its stream ends.
+    pub slots: Vec<(usize, String, Slot)>,
+    /// It took a release of the pace after a cooldown; its answer is owed to the pace.
+    pub released: bool,
+    /// How long the gateway held it, when it did.
+    pub held_ms: Option<u64>,
 }
 
+/// Why a request cannot go now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blocked {
+    /// The provider is cooling this (pool, account).
+    Cooling { class: Class, remaining_ms: u64 },
+    /// The cooldown ended and the pace has no release open.
+    Paced { retry_in_ms: u64 },
+    /// A request bucket (or token budget) is empty.
+    Bucket {
+        limit: usize,
+        wait_ms: u64,
+        remaining: u64,
+    },
+    /// A `max_in_flight` cap is full.
+    InFlight { limit: usize },
+}
+
+impl Blocked {
+    /// How long the wait is known to last; None when it ends with an event (an answer, a
+    /// stream's end) rather than at a time.
+    pub fn wait_ms(&self) -> Option<u64> {
+        match *self {
+            Blocked::Cooling { remaining_ms, .. } => Some(remaining_ms),
+            Blocked::Bucket { wait_ms, .. } => Some(wait_ms),
+            Blocked::Paced { .. } | Blocked::InFlight { .. } => None,
+        }
+    }
+
+    /// When to ask again, at the latest.
+    pub fn recheck_in_ms(&self) -> u64 {
+        match *self {
+            Blocked::Cooling { remaining_ms, .. } => remaining_ms,
+            Blocked::Bucket { wait_ms, .. } => wait_ms,
+            Blocked::Paced { retry_in_ms } => retry_in_ms,
+            Blocked::InFlight { .. } => 0,
+        }
+    }
+}
+
+/// Whether a request may go now.
+#[derive(Debug)]
+pub enum Admission {
+    /// Forward it; its flow holds what it took.
+    Go,
+    /// It can wait (hold) or be answered locally with `Governor::reply_for`.
+    Wait(Blocked),
+    /// Answer it locally now; waiting cannot help (quota exhausted).
+    Refuse(LocalReply),
+}
+
+/// What `on_request` decided for a request that is not held.
 #[derive(Debug)]
 pub enum RequestDecision {
     Forward(Flow),
@@ -72,51 +135,10 @@ pub enum ResponseStep {
     Rewrite(Governed),
 }
 
-/// A cooldown as stored in shared data: 18 fixed-width bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CooldownRecord {
-    /// Until when the provider said "not now", Unix ms (0: not cooling).
-    pub deadline_ms: u64,
-    /// The provider's time in the answer that set the deadline.
-    pub period_ms: u32,
-    /// What returning clients are spread over: a fraction of the longest period of the
-    /// episode this cooldown belongs to.
-    pub spread_ms: u32,
-    pub class: Class,
-    pub streak: u8,
-}
-
-impl CooldownRecord {
-    const LEN: usize = 18;
-
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[..8].copy_from_slice(&self.deadline_ms.to_le_bytes());
-        out[8..12].copy_from_slice(&self.period_ms.to_le_bytes());
-        out[12..16].copy_from_slice(&self.spread_ms.to_le_bytes());
-        out[16] = self.class.to_byte();
-        out[17] = self.streak;
-        out
-    }
-
-    pub fn decode(b: &[u8]) -> Option<CooldownRecord> {
-        if b.len() != Self::LEN {
-            return None;
-        }
-        Some(CooldownRecord {
-            deadline_ms: u64::from_le_bytes(b[..8].try_into().ok()?),
-            period_ms: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            spread_ms: u32::from_le_bytes(b[12..16].try_into().ok()?),
-            class: Class::from_byte(b[16])?,
-            streak: b[17],
-        })
-    }
-}
-
 pub struct Governor {
     pub cfg: Config,
     /// Per pool: the id of its name, for `key: pool` limits.
-    pool_ids: Vec<u64>,
+    pub(crate) pool_ids: Vec<u64>,
 }
 
 impl Governor {
@@ -148,76 +170,236 @@ impl Governor {
             .map_or(keys::NO_ACCOUNT, keys::fnv1a64)
     }
 
-    pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
+    /// Everything the policy needs from the request headers, read once.
+    pub fn flow_for(&self, req: &RequestView) -> Flow {
         let pool = self.pool_for(req);
-        let mut flow = Flow {
+        let account = self.account_of(&req.headers);
+        let limit_keys = self
+            .cfg
+            .limits
+            .iter()
+            .map(|l| match &l.key {
+                LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
+                LimitKey::Account => account,
+                LimitKey::Pool => self.pool_ids[pool],
+            })
+            .collect();
+        Flow {
             pool,
-            account: self.account_of(&req.headers),
+            account,
             dialect: self.cfg.pools[pool]
                 .dialect
                 .resolve_for_request(req.path, &req.headers),
             streak: 0,
+            limit_keys,
             charges: Vec::new(),
-        };
-        if self.cfg.cooldown.enabled {
-            if let Some(reply) = self.answer_from_cooldown(&mut flow, env) {
-                return RequestDecision::Reply(flow, reply);
+            slots: Vec::new(),
+            released: false,
+            held_ms: None,
+        }
+    }
+
+    /// A request that is not held: forwarded now, or answered locally at once.
+    pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
+        let mut flow = self.flow_for(req);
+        match self.admit(&mut flow, env) {
+            Admission::Go => RequestDecision::Forward(flow),
+            Admission::Refuse(reply) => RequestDecision::Reply(flow, reply),
+            Admission::Wait(b) => {
+                let reply = self.reply_for(&flow, &b, env);
+                RequestDecision::Reply(flow, reply)
             }
         }
-        for (i, limit) in self.cfg.limits.iter().enumerate() {
-            let key_id = match &limit.key {
-                LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
-                LimitKey::Account => flow.account,
-                LimitKey::Pool => self.pool_ids[pool],
-            };
-            let Some((key, take)) = self.take(i, key_id, pool, env) else {
-                continue;
-            };
-            if limit.kind == LimitKind::Tokens {
-                flow.charges.push((i, key));
+    }
+
+    /// Whether the request may go now. On `Go` the flow holds what it took (a release of the
+    /// pace, tokens, slots); on anything else it took nothing.
+    pub fn admit(&self, flow: &mut Flow, env: &mut Env) -> Admission {
+        if self.cfg.cooldown.enabled {
+            match self.pass_cooldown(flow, env) {
+                Gate::Open | Gate::Released => {}
+                Gate::Cooling {
+                    class: Class::QuotaExhausted,
+                    remaining_ms,
+                } => return Admission::Refuse(self.quota_reply(flow, remaining_ms, env)),
+                Gate::Cooling {
+                    class,
+                    remaining_ms,
+                } => {
+                    return Admission::Wait(Blocked::Cooling {
+                        class,
+                        remaining_ms,
+                    })
+                }
+                Gate::Paced { retry_in_ms } => {
+                    return Admission::Wait(Blocked::Paced { retry_in_ms })
+                }
             }
-            if !take.admitted {
-                let delay = take.wait_ms.clamp(1, self.cfg.retry_after.max_ms);
+        }
+        match self.take_limits(flow, env) {
+            Ok(()) => Admission::Go,
+            Err(blocked) => {
+                self.give_back_release(flow, env);
+                Admission::Wait(blocked)
+            }
+        }
+    }
+
+    /// The local answer for a request that cannot go now (and is not, or no longer, held).
+    pub fn reply_for(&self, flow: &Flow, blocked: &Blocked, env: &mut Env) -> LocalReply {
+        let ra = &self.cfg.retry_after;
+        let (class, source, delay, counter, fields) = match *blocked {
+            Blocked::Cooling {
+                class,
+                remaining_ms,
+            } => {
+                let rec = self.cooldown_record(flow, env);
+                let (period, spread, streak) =
+                    rec.map_or((0, 0, 0), |r| (r.period_ms, r.spread_ms, r.streak));
+                // After failed rounds (with `escalate`), clients wait the extra periods the
+                // upstream answers told them. The jitter is a fraction of the episode's period,
+                // not of what is left: clients answered late in a cooldown would otherwise all
+                // come back within a few milliseconds of the deadline and collide there.
+                let extra = self.stretch(streak) - 1;
+                let wait = remaining_ms.saturating_add(u64::from(period).saturating_mul(extra));
+                let delay = retry_after::told(wait, u64::from(spread), ra, env.rng);
+                (
+                    class,
+                    AnswerSource::Cooldown,
+                    delay,
+                    Counter::LocalRejectCooldown,
+                    None,
+                )
+            }
+            Blocked::Paced { retry_in_ms } => {
+                let delay = retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng);
+                (
+                    Class::RateLimited,
+                    AnswerSource::Cooldown,
+                    delay,
+                    Counter::LocalRejectCooldown,
+                    None,
+                )
+            }
+            Blocked::Bucket {
+                limit,
+                wait_ms,
+                remaining,
+            } => {
+                let l = &self.cfg.limits[limit];
                 let fields = LimitFields {
-                    name: limit.name.clone(),
-                    quota: limit.per_minute,
+                    name: l.name.clone(),
+                    quota: l.per_minute,
                     window_s: 60,
-                    remaining: take.remaining,
-                    reset_s: take.wait_ms.div_ceil(1000),
+                    remaining,
+                    reset_s: wait_ms.div_ceil(1000),
                 };
-                env.metrics.count(pool, Counter::LocalRejectLimit);
-                env.metrics.retry_after(pool, delay);
-                let reply = reply::local_reply(
-                    flow.dialect,
+                (
+                    Class::RateLimited,
+                    AnswerSource::Limit,
+                    wait_ms.clamp(1, ra.max_ms),
+                    Counter::LocalRejectLimit,
+                    Some(fields),
+                )
+            }
+            Blocked::InFlight { .. } => {
+                // A slot frees when some stream ends, which no header foretells: the
+                // configured base delay, with jitter so the returning clients spread out.
+                let delay = retry_after::told(ra.default_ms, ra.default_ms, ra, env.rng);
+                (
                     Class::RateLimited,
                     AnswerSource::Limit,
                     delay,
-                    Some(&fields),
-                );
-                return RequestDecision::Reply(flow, reply);
+                    Counter::LocalRejectLimit,
+                    None,
+                )
             }
+        };
+        env.metrics.count(flow.pool, counter);
+        env.metrics
+            .histogram(flow.pool, Histogram::RetryAfterMs, delay);
+        let mut reply = reply::local_reply(flow.dialect, class, source, delay, fields.as_ref());
+        if let Some(held) = flow.held_ms {
+            reply.held(held);
         }
-        RequestDecision::Forward(flow)
+        reply
     }
 
-    /// Charge the flow's token budgets with the tokens its response used.
-    pub fn on_usage(&self, flow: &Flow, tokens: u64, env: &mut Env) {
-        let now = env.now_ms;
-        for (i, key) in &flow.charges {
-            let shape = self.cfg.limits[*i].shape();
-            let result = update_bucket(env, key, None, shape, |b| {
-                (Some(b.charge(shape, now, tokens)), ())
-            });
-            if let Err(e) = result {
-                self.store_failed(flow.pool, key, &e, env);
-            }
+    fn quota_reply(&self, flow: &Flow, remaining_ms: u64, env: &mut Env) -> LocalReply {
+        let delay = retry_after::told(remaining_ms, 0, &self.cfg.retry_after, env.rng);
+        env.metrics.count(flow.pool, Counter::LocalRejectQuota);
+        env.metrics
+            .histogram(flow.pool, Histogram::RetryAfterMs, delay);
+        let mut reply = reply::local_reply(
+            flow.dialect,
+            Class::QuotaExhausted,
+            AnswerSource::Cooldown,
+            delay,
+            None,
+        );
+        if let Some(held) = flow.held_ms {
+            reply.held(held);
         }
+        reply
+    }
+
+    fn cooldown_key(&self, flow: &Flow) -> String {
+        keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account)
     }
 
     fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
-        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
-        let (bytes, _) = env.store.get(&key).ok().flatten()?;
+        let (bytes, _) = env.store.get(&self.cooldown_key(flow)).ok().flatten()?;
         CooldownRecord::decode(&bytes)
+    }
+
+    /// The cooldown gate: read the record (one copy, the common case writes nothing) and take
+    /// a release of the pace when pacing.
+    fn pass_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Gate {
+        let key = self.cooldown_key(flow);
+        let known = match env.store.get(&key) {
+            Ok(Some(v)) => v,
+            _ => return Gate::Open,
+        };
+        let paced = self.cfg.hold.enabled();
+        let now = env.now_ms;
+        let result = store::update_from(env.store, &key, Some(known), None, |cur| {
+            match cur.and_then(CooldownRecord::decode) {
+                Some(rec) => {
+                    let (gate, write) = cooldown::pass(rec, now, paced);
+                    (write.map(|r| r.encode().to_vec()), (gate, rec.streak))
+                }
+                None => (None, (Gate::Open, 0)),
+            }
+        });
+        match result {
+            Ok(u) => {
+                let (gate, streak) = u.value;
+                flow.streak = streak;
+                flow.released = gate == Gate::Released;
+                gate
+            }
+            Err(e) => {
+                self.store_failed(flow.pool, &key, &e, env);
+                Gate::Open
+            }
+        }
+    }
+
+    /// A later gate refused after the pace released this request: give the release back.
+    fn give_back_release(&self, flow: &mut Flow, env: &mut Env) {
+        if !std::mem::take(&mut flow.released) {
+            return;
+        }
+        let key = self.cooldown_key(flow);
+        let result = store::update(env.store, &key, None, |cur| {
+            let write = cur
+                .and_then(CooldownRecord::decode)
+                .map(|r| cooldown::unpass(r).encode().to_vec());
+            (write, ())
+        });
+        if let Err(e) = result {
+            self.store_failed(flow.pool, &key, &e, env);
+        }
     }
 
     /// Consecutive rounds that ended in "not now", counting this answer. Answers that arrive
@@ -240,73 +422,7 @@ impl Governor {
         }
     }
 
-    fn answer_from_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Option<LocalReply> {
-        let rec = self.cooldown_record(flow, env)?;
-        flow.streak = rec.streak;
-        let remaining = rec
-            .deadline_ms
-            .checked_sub(env.now_ms)
-            .filter(|ms| *ms > 0)?;
-        // After failed rounds (with `escalate`), clients wait the extra periods the upstream
-        // answers told them. The jitter is a fraction of the whole period, not of what is
-        // left: clients answered late in a cooldown would otherwise all come back within a few
-        // milliseconds of the deadline and collide there.
-        let extra = self.stretch(rec.streak) - 1;
-        let wait = remaining.saturating_add(u64::from(rec.period_ms).saturating_mul(extra));
-        let spread = u64::from(rec.spread_ms);
-        let delay = retry_after::told(wait, spread, &self.cfg.retry_after, env.rng);
-        let counter = if rec.class == Class::QuotaExhausted {
-            Counter::LocalRejectQuota
-        } else {
-            Counter::LocalRejectCooldown
-        };
-        env.metrics.count(flow.pool, counter);
-        env.metrics.retry_after(flow.pool, delay);
-        Some(reply::local_reply(
-            flow.dialect,
-            rec.class,
-            AnswerSource::Cooldown,
-            delay,
-            None,
-        ))
-    }
-
-    /// Take one request from the bucket of (limit, key), or, for a token budget, check that
-    /// tokens are left. Returns the bucket's key and the decision; None when shared data could
-    /// not be updated: the request is then admitted (fail-open) and `store_contention` counts
-    /// it, so the governor never rejects traffic because of its own bookkeeping.
-    fn take(
-        &self,
-        limit: usize,
-        key_id: u64,
-        pool: usize,
-        env: &mut Env,
-    ) -> Option<(String, Take)> {
-        let limit = &self.cfg.limits[limit];
-        let shape = limit.shape();
-        let mut key = keys::bucket_key(&limit.name, key_id);
-        let known = env.store.get(&key).ok().flatten();
-        if known.is_none() && !self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) {
-            key = keys::overflow_bucket_key(&limit.name);
-        }
-        let now = env.now_ms;
-        let result = update_bucket(env, &key, known, shape, |b| match limit.kind {
-            LimitKind::Requests => {
-                let (after, take) = b.take(shape, now, 1);
-                ((after != b).then_some(after), take)
-            }
-            LimitKind::Tokens => (None, b.check(shape, now, 1)),
-        });
-        match result {
-            Ok(u) => Some((key, u.value)),
-            Err(e) => {
-                self.store_failed(pool, &key, &e, env);
-                None
-            }
-        }
-    }
-
-    fn store_failed(&self, pool: usize, key: &str, e: &UpdateError, env: &mut Env) {
+    pub(crate) fn store_failed(&self, pool: usize, key: &str, e: &UpdateError, env: &mut Env) {
         env.metrics.count(pool, Counter::StoreContention);
         if let UpdateError::Host(msg) = e {
             log::warn!(
@@ -323,7 +439,7 @@ impl Governor {
 
     /// Whether the budget counted in `count_key` has room for one more key (and count it);
     /// counts overflow otherwise.
-    fn admit_new_key(&self, count_key: &str, pool: usize, env: &mut Env) -> bool {
+    pub(crate) fn admit_new_key(&self, count_key: &str, pool: usize, env: &mut Env) -> bool {
         let max = self.cfg.max_keys;
         let admitted = store::update(env.store, count_key, None, |cur| {
             let n = cur
@@ -346,11 +462,11 @@ impl Governor {
     }
 
     /// The response headers arrived. Export the provider's rate-limit headers, start a
-    /// preemptive cooldown when they say nothing is left, and decide whether this is a
-    /// governed response and whether its body is needed.
+    /// preemptive cooldown when they say nothing is left, report to the pace, and decide
+    /// whether this is a governed response and whether its body is needed.
     pub fn on_response_headers(
         &self,
-        flow: &Flow,
+        flow: &mut Flow,
         status: u16,
         headers: &Headers,
         end_of_stream: bool,
@@ -362,6 +478,8 @@ impl Governor {
         if !classify::is_governed_status(status) {
             if (200..300).contains(&status) {
                 self.on_success(flow, &snap, env);
+            } else {
+                self.answer_pace(flow, Answer::Other, env);
             }
             return ResponseStep::Pass;
         }
@@ -375,7 +493,7 @@ impl Governor {
     /// The (bounded prefix of the) error body of a held response arrived.
     pub fn on_response_body(
         &self,
-        flow: &Flow,
+        flow: &mut Flow,
         status: u16,
         headers: &Headers,
         body: &[u8],
@@ -385,34 +503,72 @@ impl Governor {
         self.govern(flow, status, headers, body, &snap, env)
     }
 
-    fn on_success(&self, flow: &Flow, snap: &Snapshot, env: &mut Env) {
+    /// The stream is over, however it ended: give back its slots, tell the pace if its answer
+    /// never came, and charge the tokens the provider reported.
+    pub fn on_stream_end(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
+        self.release_slots(flow, env);
+        self.answer_pace(flow, Answer::Other, env);
+        if let Some(tokens) = usage {
+            self.on_usage(flow, tokens, env);
+        }
+    }
+
+    fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
         if !self.cfg.cooldown.enabled {
             return;
         }
         if self.cfg.preemptive {
             if let Some(reset) = snap.exhausted_reset_ms().filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
-                if self.cool(flow, Class::RateLimited, Some(ms), 0, env) {
+                let wanted = Some(Wanted {
+                    class: Class::RateLimited,
+                    ms,
+                });
+                if self.cool(flow, wanted, 0, Answer::NotNow, env) {
                     env.metrics.count(flow.pool, Counter::PreemptiveCooldown);
                 }
                 return;
             }
         }
-        if flow.streak > 0 {
-            self.cool(flow, Class::RateLimited, None, 0, env);
+        if flow.released || flow.streak > 0 {
+            let answer = Answer::Success {
+                remaining: snap.requests.remaining,
+            };
+            self.cool(flow, None, 0, answer, env);
+        }
+    }
+
+    /// Report a non-success answer (or none) of a released request to the pace.
+    fn answer_pace(&self, flow: &mut Flow, answer: Answer, env: &mut Env) {
+        if !flow.released {
+            return;
+        }
+        let key = self.cooldown_key(flow);
+        let result = store::update(env.store, &key, None, |cur| {
+            let write = cur
+                .and_then(CooldownRecord::decode)
+                .map(|r| cooldown::answered(r, answer, true).encode().to_vec());
+            (write, ())
+        });
+        flow.released = false;
+        if let Err(e) = result {
+            self.store_failed(flow.pool, &key, &e, env);
         }
     }
 
     fn govern(
         &self,
-        flow: &Flow,
+        flow: &mut Flow,
         status: u16,
         headers: &Headers,
         body: &[u8],
         snap: &Snapshot,
         env: &mut Env,
     ) -> Option<Governed> {
-        let class = classify::classify(status, body)?;
+        let Some(class) = classify::classify(status, body) else {
+            self.answer_pace(flow, Answer::Other, env);
+            return None;
+        };
         let pool: &Pool = &self.cfg.pools[flow.pool];
         let provider = retry_after::provider_delay(headers, body, snap, pool.dialect, env.now_ms);
         let provider_ms = provider.map(|(ms, _)| ms);
@@ -455,9 +611,13 @@ impl Governor {
                 env.metrics.count(flow.pool, Counter::Exhausted(d));
             }
         }
-        env.metrics.retry_after(flow.pool, delay_ms);
+        env.metrics
+            .histogram(flow.pool, Histogram::RetryAfterMs, delay_ms);
         if cd.enabled {
-            self.cool(flow, class, cool_ms, streak, env);
+            let wanted = cool_ms.map(|ms| Wanted { class, ms });
+            self.cool(flow, wanted, streak, Answer::NotNow, env);
+        } else {
+            flow.released = false;
         }
         Some(Governed {
             class,
@@ -467,73 +627,34 @@ impl Governor {
         })
     }
 
-    /// Record a cooldown of `ms` for the flow's (pool, account), keeping any later deadline,
-    /// and the backoff streak. Returns whether shared data was written.
-    fn cool(&self, flow: &Flow, class: Class, ms: Option<u64>, streak: u8, env: &mut Env) -> bool {
-        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
+    /// Merge an answer into the flow's (pool, account) record: the cooldown it asks for (if
+    /// any), the streak, and what it means for the pace. Returns whether it started or moved
+    /// a cooldown deadline.
+    fn cool(
+        &self,
+        flow: &mut Flow,
+        wanted: Option<Wanted>,
+        streak: u8,
+        answer: Answer,
+        env: &mut Env,
+    ) -> bool {
+        let released = std::mem::take(&mut flow.released);
+        let key = self.cooldown_key(flow);
         if !self.key_exists_or_admit(&key, keys::COOLDOWN_KEY_COUNT, flow.pool, env) {
             return false;
         }
         let now = env.now_ms;
-        let wanted = ms.map(|ms| CooldownRecord {
-            deadline_ms: now.saturating_add(ms),
-            period_ms: u32::try_from(ms).unwrap_or(u32::MAX),
-            spread_ms: u32::try_from(ms).unwrap_or(u32::MAX),
-            class,
-            streak,
-        });
         let jitter = self.cfg.retry_after.jitter;
         let result = store::update(env.store, &key, None, |cur| {
             let old = cur.and_then(CooldownRecord::decode);
-            let next = match (old, wanted) {
-                // Re-cooling keeps the later deadline, never the shorter.
-                (Some(o), Some(w)) if o.deadline_ms >= w.deadline_ms => {
-                    CooldownRecord { streak, ..o }
-                }
-                // Except for the answers of one burst: they arrive over tens or hundreds of
-                // milliseconds, each with the same "N s from now", and clients were already
-                // told N s plus up to `jitter` of it. Moving the deadline by less than that
-                // band would only answer locally the clients that come back on time, after the
-                // provider has recovered. A different time is a different statement and moves
-                // the deadline as usual.
-                (Some(o), Some(w))
-                    if o.deadline_ms > now
-                        && o.class == w.class
-                        && o.period_ms == w.period_ms
-                        && (w.deadline_ms - o.deadline_ms) as f64
-                            <= f64::from(o.period_ms) * jitter =>
-                {
-                    CooldownRecord { streak, ..o }
-                }
-                // A new cooldown soon after the previous one ended is part of the same episode
-                // (a window reopening a slot at a time): it keeps the episode's longest period,
-                // so clients answered locally in a short cooldown (tens of ms until the next
-                // slot) are still spread over a fraction of the episode's period rather than
-                // all sent back within a few milliseconds to collide at the next slot.
-                (Some(o), Some(w))
-                    if o.class == w.class
-                        && o.deadline_ms.saturating_add(u64::from(o.spread_ms)) > now =>
-                {
-                    CooldownRecord {
-                        spread_ms: w.spread_ms.max(o.spread_ms),
-                        ..w
-                    }
-                }
-                (_, Some(w)) => w,
-                (Some(o), None) => CooldownRecord { streak, ..o },
-                (None, None) => CooldownRecord {
-                    deadline_ms: 0,
-                    period_ms: 0,
-                    spread_ms: 0,
-                    class,
-                    streak,
-                },
-            };
+            let merged = cooldown::merge(old, wanted, streak, now, jitter);
+            let next = cooldown::answered(merged, answer, released);
+            let moved = old.map_or(0, |o| o.deadline_ms) != next.deadline_ms;
             let write = (old != Some(next)).then(|| next.encode().to_vec());
-            (write, ())
+            (write, moved)
         });
         match result {
-            Ok(_) => true,
+            Ok(u) => u.value,
             Err(e) => {
                 self.store_failed(flow.pool, &key, &e, env);
                 false
@@ -542,24 +663,14 @@ impl Governor {
     }
 }
 
-/// Read-modify-write the token bucket at `key`, created full when missing (a stored value
-/// that is not a bucket reads as a full one). `step` returns the bucket to write, if any.
-fn update_bucket<T>(
-    env: &Env,
-    key: &str,
-    known: Option<(Vec<u8>, u32)>,
-    shape: Shape,
-    mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
-) -> Result<store::Updated<T>, UpdateError> {
-    let now = env.now_ms;
-    let init = Bucket::full(shape, now).encode();
-    store::update_from(env.store, key, known, Some(&init), |cur| {
-        let b = cur
-            .and_then(Bucket::decode)
-            .unwrap_or_else(|| Bucket::full(shape, now));
-        let (write, value) = step(b);
-        (write.map(|b| b.encode().to_vec()), value)
-    })
+/// Does a limit of this kind hold a slot for the whole stream?
+pub(crate) fn holds_slot(kind: LimitKind) -> bool {
+    kind == LimitKind::InFlight
+}
+
+/// The in-flight gauge moves with slots taken and given back.
+pub(crate) fn in_flight_moved(env: &mut Env, pool: usize, delta: i64) {
+    env.metrics.add(pool, Gauge::InFlight, delta);
 }
 
 fn strip_bearer(v: &[u8]) -> &[u8] {

@@ -58,6 +58,16 @@ pub struct LocalReply {
     pub body: Vec<u8>,
 }
 
+impl LocalReply {
+    /// Mark an answer to a request the gateway held for `ms` before answering it.
+    pub fn held(&mut self, ms: u64) {
+        self.headers.push((HELD_MS_HEADER, ms.to_string()));
+    }
+}
+
+/// On every response to a request the gateway held: how long it held it.
+pub const HELD_MS_HEADER: &str = "x-llm-governor-held-ms";
+
 pub fn local_reply(
     dialect: Dialect,
     class: Class,

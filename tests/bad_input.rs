@@ -138,6 +138,7 @@ fn respond_raw(
     body: &[u8],
 ) -> llm_governor::policy::Governed {
     use llm_governor::policy::{Env, ResponseStep};
+    let flow = &mut flow.clone();
     let mut env = Env {
         store: &host.store,
         metrics: &mut host.metrics,

@@ -19,7 +19,9 @@ const CONTRACT_EXAMPLE: &str = r#"{
     {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 600, "burst": 50},
     {"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": 200000}
   ],
-  "max_keys": 10000
+  "max_keys": 10000,
+  "hold": {"max_ms": 10000, "max_held": 1000, "margin_ms": 2000,
+           "deadline_headers": ["x-stainless-read-timeout", "x-stainless-timeout", "x-envoy-expected-rq-timeout-ms"]}
 }"#;
 
 #[test]
@@ -51,7 +53,44 @@ fn empty_config_gives_defaults() {
         assert_eq!(cfg, config::Config::default());
         assert_eq!(cfg.retry_after.max_ms, 60_000);
         assert_eq!(cfg.pools.len(), 1);
+        // Holding is on by default, with the contract's numbers.
+        assert!(cfg.hold.enabled());
+        assert_eq!(
+            (cfg.hold.max_ms, cfg.hold.max_held, cfg.hold.margin_ms),
+            (10_000, 1000, 2000)
+        );
+        assert_eq!(
+            cfg.hold.deadline_headers,
+            [
+                "x-stainless-read-timeout",
+                "x-stainless-timeout",
+                "x-envoy-expected-rq-timeout-ms"
+            ]
+        );
     }
+}
+
+#[test]
+fn the_contract_example_matches_the_defaults_of_hold() {
+    let cfg = config::parse(CONTRACT_EXAMPLE.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.hold, config::Config::default().hold);
+}
+
+#[test]
+fn max_in_flight_limits_and_hold_off() {
+    let cfg = config::parse(
+        br#"{"hold": {"max_ms": 0}, "limits": [{"name": "cap", "key": "account", "max_in_flight": 8}]}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!cfg.hold.enabled());
+    assert_eq!(
+        (
+            cfg.limits[0].kind,
+            cfg.limits[0].per_minute,
+            cfg.limits[0].slot_lease_ms
+        ),
+        (LimitKind::InFlight, 8, 600_000)
+    );
 }
 
 #[test]
@@ -135,11 +174,11 @@ fn invalid_configs_name_the_field() {
         ),
         (
             r#"{"limits": [{"name": "x", "key": "header:x-t"}]}"#,
-            "limits[0]: one of requests_per_minute or tokens_per_minute is required",
+            "limits[0]: one of requests_per_minute, tokens_per_minute or max_in_flight is required",
         ),
         (
             r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "tokens_per_minute": 1}]}"#,
-            "limits[0]: set either",
+            "limits[0]: set one of requests_per_minute, tokens_per_minute or max_in_flight, not several",
         ),
         (
             r#"{"limits": [{"name": "x", "key": "tenant", "requests_per_minute": 1}]}"#,
@@ -158,6 +197,41 @@ fn invalid_configs_name_the_field() {
             "limits[1].name: duplicate",
         ),
         (r#"{"max_keys": 0}"#, "max_keys: must be between 1 and"),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 0}]}"#,
+            "limits[0].max_in_flight: must be > 0",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2000000}]}"#,
+            "limits[0].max_in_flight: must be <= 1000000",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": -3}]}"#,
+            "limits[0].max_in_flight: must be > 0",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "requests_per_minute": 5}]}"#,
+            "limits[0]: set one of requests_per_minute, tokens_per_minute or max_in_flight, not several",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "burst": 5}]}"#,
+            "limits[0].burst: applies to requests_per_minute and tokens_per_minute",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 2, "slot_lease_ms": 5000}]}"#,
+            "limits[0].slot_lease_ms: applies to max_in_flight limits only",
+        ),
+        (
+            r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "slot_lease_ms": 10}]}"#,
+            "limits[0].slot_lease_ms: must be between 1000 and",
+        ),
+        (r#"{"hold": {"max_ms": -1}}"#, "hold.max_ms: must be an integer between 0 and 300000"),
+        (r#"{"hold": {"max_ms": 300001}}"#, "hold.max_ms: must be between 0 and 300000"),
+        (r#"{"hold": {"max_held": 1.5}}"#, "hold.max_held: must be an integer between 0 and 100000"),
+        (r#"{"hold": {"margin_ms": "2s"}}"#, "hold.margin_ms: must be an integer"),
+        (r#"{"hold": {"deadline_headers": ["bad header"]}}"#, "hold.deadline_headers[0]: not a valid header name"),
+        (r#"{"hold": {"deadline_headers": "x-timeout"}}"#, "hold.deadline_headers: must be an array"),
+        (r#"{"hold": {"max": 5}}"#, "hold.max: unknown field"),
         (r#"{"pools": [{"name": "a"}"#, "not valid JSON"),
     ];
     for (input, expected) in cases {

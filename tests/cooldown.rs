@@ -11,6 +11,10 @@ const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
   {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}
 ]}"#;
+/// CFG without holding: after a cooldown, everything goes at once (no pace), as before.
+const CFG_NO_HOLD: &str = r#"{"hold": {"max_ms": 0}, "pools": [
+  {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
+]}"#;
 const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
 const QUOTA: &str =
     r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
@@ -338,7 +342,8 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
 
 #[test]
 fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
-    let mut host = Host::new(CFG);
+    // Two requests in flight at the end of a cooldown: without the pace (hold off).
+    let mut host = Host::new(CFG_NO_HOLD);
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
     host.advance(3_000);

@@ -203,6 +203,11 @@ pub fn set_effective_context(id: u32) -> HostResult<()> {
     check(unsafe { proxy_set_effective_context(id) })
 }
 
+/// Resume a paused request (stream type 0 = HTTP request).
+pub fn resume_request() -> HostResult<()> {
+    check(unsafe { proxy_continue_stream(0) })
+}
+
 /// Resume a paused response (stream type 1 = HTTP response).
 pub fn resume_response() -> HostResult<()> {
     check(unsafe { proxy_continue_stream(1) })

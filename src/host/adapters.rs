@@ -2,7 +2,7 @@
 
 use super::abi;
 use crate::config::Config;
-use crate::metrics::{self, Counter, Gauge, Metrics};
+use crate::metrics::{self, Counter, Gauge, Histogram, Metrics};
 use crate::retry_after::Random;
 use crate::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
@@ -30,7 +30,7 @@ struct PoolMetrics {
     gauges: Vec<Option<u32>>,
     /// The value this worker last wrote to each gauge.
     written: Vec<Option<u64>>,
-    histogram: Option<u32>,
+    histograms: Vec<Option<u32>>,
 }
 
 /// Envoy stats, defined once per VM for every configured pool.
@@ -59,11 +59,10 @@ impl HostMetrics {
                     .map(|g| define(MetricType::Gauge, &p.name, g.name()))
                     .collect(),
                 written: vec![None; Gauge::ALL.len()],
-                histogram: define(
-                    MetricType::Histogram,
-                    &p.name,
-                    metrics::RETRY_AFTER_HISTOGRAM,
-                ),
+                histograms: Histogram::ALL
+                    .iter()
+                    .map(|h| define(MetricType::Histogram, &p.name, h.name()))
+                    .collect(),
             })
             .collect();
         HostMetrics { pools }
@@ -97,9 +96,21 @@ impl Metrics for HostMetrics {
         }
     }
 
-    fn retry_after(&mut self, pool: usize, ms: u64) {
-        if let Some(id) = self.pools.get(pool).and_then(|p| p.histogram) {
-            let _ = abi::record_metric(id, ms);
+    /// `proxy_increment_metric` adds to a gauge too: each worker moves the gauge by its own
+    /// part, so the gauge is the sum over workers (a `record` would be last-writer-wins).
+    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
+        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.gauges.get(g.index())) {
+            let _ = abi::increment_metric(*id, delta);
+        }
+    }
+
+    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
+        if let Some(Some(id)) = self
+            .pools
+            .get(pool)
+            .and_then(|p| p.histograms.get(h.index()))
+        {
+            let _ = abi::record_metric(*id, ms);
         }
     }
 }

@@ -6,26 +6,32 @@ mod abi;
 mod adapters;
 
 use crate::config;
+use crate::deadline;
 use crate::headers::Headers;
+use crate::hold::{Holds, Release, Step};
 use crate::metrics::Counter;
-use crate::policy::{Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep};
-use crate::reply::LocalReply;
+use crate::policy::{Env, Flow, Governor, RequestView, ResponseStep};
+use crate::reply::{LocalReply, HELD_MS_HEADER};
 use crate::usage::UsageScanner;
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 /// Error bodies are small; past this much, classify from what arrived.
 const MAX_ERROR_BODY: usize = 16 * 1024;
 /// How long a held response waits for its body before it is classified without one.
 const BODY_WAIT_MS: u64 = 1000;
+/// How long a local answer waits for the end of the request body before it is sent anyway (a
+/// slow upload then gets its answer early, on a connection Envoy closes).
+const REQUEST_BODY_WAIT_MS: u64 = 10_000;
 /// After a body never came, how long to stop holding responses (Envoy is evidently configured
 /// without `allow_on_headers_stop_iteration`), before trying again.
 const HEADERS_ONLY_FOR_MS: u64 = 60_000;
-const TICK_MS: u32 = 50;
+/// How often a worker that holds something looks at it: the release precision of a hold.
+const TICK_MS: u32 = 20;
 
 proxy_wasm::main! {{
     let _ = log::set_logger(&HostLogger);
@@ -33,23 +39,33 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { shared: None }) });
 }}
 
-/// A stream the filter is holding, with the moment it stops waiting for a body.
-struct Held {
-    what: Hold,
-    deadline_ms: u64,
-}
-
-enum Hold {
-    /// An upstream error response waiting for its body to be classified.
-    Response {
+/// What a paused stream is waiting for, each with its own deadline and its own consequence
+/// when the deadline passes. (Requests held through a cooldown, a bucket or a cap are in
+/// `Holds`, the pure state machine.)
+enum Wait {
+    /// An upstream error response waiting for its body to be classified. Overdue: classify
+    /// from what was buffered, or, when nothing arrived, from status and headers (and stop
+    /// holding responses on this worker for a while: body callbacks are evidently not coming).
+    ResponseBody {
         flow: Flow,
         status: u16,
         headers: Vec<(String, Vec<u8>)>,
+        until_ms: u64,
     },
-    /// A local answer waiting for the end of the request body: answering before the body
-    /// has been read makes Envoy close an HTTP/1.1 connection, and every local 429 would then
-    /// cost the client a new connection (and TLS handshake).
-    Reply(LocalReply),
+    /// A local answer waiting for the end of the request body: answering before the body has
+    /// been read makes Envoy close an HTTP/1.1 connection, and every local 429 would then cost
+    /// the client a new connection (and TLS handshake). Overdue: answer anyway.
+    RequestBodyEnd { reply: LocalReply, until_ms: u64 },
+}
+
+impl Wait {
+    fn until_ms(&self) -> u64 {
+        match self {
+            Wait::ResponseBody { until_ms, .. } | Wait::RequestBodyEnd { until_ms, .. } => {
+                *until_ms
+            }
+        }
+    }
 }
 
 /// What one VM (one worker thread) shares between its root and stream contexts.
@@ -57,10 +73,19 @@ struct Shared {
     governor: Governor,
     metrics: RefCell<HostMetrics>,
     rng: RefCell<HostRandom>,
-    held: RefCell<HashMap<u32, Held>>,
+    waits: RefCell<HashMap<u32, Wait>>,
+    holds: RefCell<Holds>,
+    /// Requests held now (in `holds`).
+    held_ids: RefCell<HashSet<u32>>,
+    /// Held requests whose request body has ended.
+    held_body_done: RefCell<HashSet<u32>>,
+    /// Flows the root context handed back (held requests the tick let go, responses it
+    /// classified), for their stream to pick up.
+    released: RefCell<HashMap<u32, Flow>>,
     /// Until when to classify 429s from headers only (body callbacks evidently not coming).
     headers_only_until: Cell<u64>,
     warned_body_unavailable: Cell<bool>,
+    ticking: Cell<bool>,
 }
 
 impl Shared {
@@ -78,25 +103,39 @@ impl Shared {
         Some(f(&self.governor, &mut env))
     }
 
-    fn hold(&self, context_id: u32, held: Held) {
-        let Ok(mut map) = self.held.try_borrow_mut() else {
-            return;
-        };
-        if map.is_empty() {
-            let _ = abi::set_tick_period_ms(TICK_MS);
+    fn wait(&self, context_id: u32, wait: Wait) {
+        if let Ok(mut map) = self.waits.try_borrow_mut() {
+            map.insert(context_id, wait);
         }
-        map.insert(context_id, held);
+        self.tick_as_needed();
     }
 
-    fn take_held(&self, context_id: u32) -> Option<Held> {
-        self.held.try_borrow_mut().ok()?.remove(&context_id)
+    fn take_wait(&self, context_id: u32) -> Option<Wait> {
+        self.waits.try_borrow_mut().ok()?.remove(&context_id)
     }
 
-    fn is_holding(&self, context_id: u32, reply: bool) -> bool {
-        self.held.try_borrow().is_ok_and(|m| {
-            m.get(&context_id)
-                .is_some_and(|h| matches!(h.what, Hold::Reply(_)) == reply)
-        })
+    fn is_waiting_for_request_body(&self, context_id: u32) -> bool {
+        self.waits
+            .try_borrow()
+            .is_ok_and(|m| matches!(m.get(&context_id), Some(Wait::RequestBodyEnd { .. })))
+    }
+
+    fn is_waiting_for_response_body(&self, context_id: u32) -> bool {
+        self.waits
+            .try_borrow()
+            .is_ok_and(|m| matches!(m.get(&context_id), Some(Wait::ResponseBody { .. })))
+    }
+
+    /// A worker ticks only while it holds or waits for something.
+    fn tick_as_needed(&self) {
+        let busy = self.waits.try_borrow().is_ok_and(|m| !m.is_empty())
+            || self.holds.try_borrow().is_ok_and(|h| !h.is_empty());
+        if busy != self.ticking.get() {
+            let period = if busy { TICK_MS } else { 0 };
+            if abi::set_tick_period_ms(period).is_ok() {
+                self.ticking.set(busy);
+            }
+        }
     }
 
     /// Body callbacks are known to work on this worker (or it is time to try again).
@@ -104,71 +143,152 @@ impl Shared {
         now >= self.headers_only_until.get()
     }
 
-    /// Classify a held response from `body` (empty when it never came) and set its headers.
-    fn classify_held(&self, flow: &Flow, status: u16, headers: &[(String, Vec<u8>)], body: &[u8]) {
+    /// Classify a held response from `body` (empty when none came) and set its headers.
+    fn classify_held(
+        &self,
+        flow: &mut Flow,
+        status: u16,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) {
         let governed = self
             .with_env(abi::now_ms(), |g, env| {
                 g.on_response_body(flow, status, &Headers::new(headers), body, env)
             })
             .flatten();
         if let Some(g) = governed {
-            apply(&g);
+            apply(&g.headers);
         }
     }
 
-    /// Held streams whose body never came: answer from status and headers, let them go.
-    fn release_overdue(&self) {
-        let now = abi::now_ms();
-        let overdue: Vec<(u32, Held)> = match self.held.try_borrow_mut() {
+    /// Waits whose deadline passed: let each go with its own consequence.
+    fn release_overdue(&self, now: u64) {
+        let overdue: Vec<(u32, Wait)> = match self.waits.try_borrow_mut() {
             Ok(mut map) => {
                 let ids: Vec<u32> = map
                     .iter()
-                    .filter(|(_, h)| h.deadline_ms <= now)
+                    .filter(|(_, w)| w.until_ms() <= now)
                     .map(|(id, _)| *id)
                     .collect();
-                let out = ids
-                    .into_iter()
-                    .filter_map(|id| map.remove(&id).map(|h| (id, h)))
-                    .collect();
-                if map.is_empty() {
-                    let _ = abi::set_tick_period_ms(0);
-                }
-                out
+                ids.into_iter()
+                    .filter_map(|id| map.remove(&id).map(|w| (id, w)))
+                    .collect()
             }
             Err(_) => return,
         };
-        for (id, held) in overdue {
+        for (id, wait) in overdue {
             if abi::set_effective_context(id).is_err() {
                 continue; // the stream is gone
             }
-            self.headers_only_until.set(now + HEADERS_ONLY_FOR_MS);
-            if !self.warned_body_unavailable.replace(true) {
-                log::warn!(
-                    "llm_governor: a held body never arrived; answering from status and headers alone. \
-                     Set allow_on_headers_stop_iteration: true in the wasm plugin config so quota errors \
-                     can be told from rate limits"
-                );
-            }
-            match held.what {
-                Hold::Response {
-                    flow,
+            match wait {
+                Wait::ResponseBody {
+                    mut flow,
                     status,
                     headers,
+                    ..
                 } => {
-                    self.with_env(now, |_, env| {
-                        env.metrics.count(flow.pool, Counter::BodyUnavailable)
-                    });
-                    self.classify_held(&flow, status, &headers, &[]);
+                    let body = buffered_error_body();
+                    if body.is_empty() {
+                        self.body_never_came(&flow, now);
+                    }
+                    self.classify_held(&mut flow, status, &headers, &body);
+                    if let Ok(mut m) = self.released.try_borrow_mut() {
+                        m.insert(id, flow);
+                    }
                     if let Err(e) = abi::resume_response() {
                         log::warn!("llm_governor: could not resume a held response: {e}");
                     }
                 }
-                Hold::Reply(reply) => {
+                Wait::RequestBodyEnd { reply, .. } => {
                     send_reply(&reply);
                 }
             }
         }
     }
+
+    fn body_never_came(&self, flow: &Flow, now: u64) {
+        self.headers_only_until.set(now + HEADERS_ONLY_FOR_MS);
+        self.with_env(now, |_, env| {
+            env.metrics.count(flow.pool, Counter::BodyUnavailable)
+        });
+        if !self.warned_body_unavailable.replace(true) {
+            log::warn!(
+                "llm_governor: a held error body never arrived; answering from status and headers alone \
+                 for a minute. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
+                 quota errors can be told from rate limits"
+            );
+        }
+    }
+
+    /// Held requests whose gates opened go upstream; those whose wait outgrew their limit are
+    /// answered locally.
+    fn release_held(&self, now: u64) {
+        let releases = {
+            let Ok(mut holds) = self.holds.try_borrow_mut() else {
+                return;
+            };
+            if holds.is_empty() {
+                return;
+            }
+            self.with_env(now, |g, env| holds.tick(g, env))
+                .unwrap_or_default()
+        };
+        for release in releases {
+            let id = match &release {
+                Release::Go { id, .. } | Release::Reply { id, .. } => *id,
+            };
+            if let Ok(mut s) = self.held_ids.try_borrow_mut() {
+                s.remove(&id);
+            }
+            match release {
+                Release::Go { id, mut flow } => {
+                    // The effective context is reset per VM call: set it for every stream.
+                    let resumed = abi::set_effective_context(id).is_ok()
+                        && abi::resume_request()
+                            .map_err(|e| {
+                                log::warn!("llm_governor: could not resume a held request: {e}")
+                            })
+                            .is_ok();
+                    if resumed {
+                        if let Ok(mut m) = self.released.try_borrow_mut() {
+                            m.insert(id, flow);
+                        }
+                    } else {
+                        // The stream is gone: give back what it took.
+                        self.with_env(now, |g, env| g.on_stream_end(&mut flow, None, env));
+                    }
+                }
+                Release::Reply { id, reply, .. } => {
+                    if abi::set_effective_context(id).is_err() {
+                        continue;
+                    }
+                    record_for_access_log(&reply.headers);
+                    let body_done = self
+                        .held_body_done
+                        .try_borrow_mut()
+                        .is_ok_and(|mut s| s.remove(&id));
+                    if body_done || !self.body_callbacks_expected(now) {
+                        send_reply(&reply);
+                    } else {
+                        self.wait(
+                            id,
+                            Wait::RequestBodyEnd {
+                                reply,
+                                until_ms: now + REQUEST_BODY_WAIT_MS,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The error body Envoy has buffered for the current (held) response, at most MAX_ERROR_BODY.
+fn buffered_error_body() -> Vec<u8> {
+    let mut body = abi::buffer(BufferType::HttpResponseBody, 0, MAX_ERROR_BODY).unwrap_or_default();
+    body.truncate(MAX_ERROR_BODY);
+    body
 }
 
 /// Send a local answer. Failing that, the request goes on upstream (fail-open).
@@ -184,22 +304,23 @@ fn send_reply(reply: &LocalReply) -> Action {
     }
 }
 
-fn apply(g: &Governed) {
-    for (name, value) in &g.headers {
+fn apply(headers: &[(&'static str, String)]) {
+    for (name, value) in headers {
         if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, name, value) {
             log::debug!("llm_governor: could not set response header {name}: {e}");
         }
     }
-    record_for_access_log(&g.headers);
+    record_for_access_log(headers);
 }
 
-/// Expose class, source and delay to Envoy's access log as filter state
-/// (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, `.source`, `.delay_ms`).
+/// Expose class, source, delay and held time to Envoy's access log as filter state
+/// (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, `.source`, `.delay_ms`, `.held_ms`).
 fn record_for_access_log(headers: &[(&'static str, String)]) {
     for (name, key) in [
         ("x-llm-governor-class", "llm_governor.class"),
         ("x-llm-governor-source", "llm_governor.source"),
         ("retry-after-ms", "llm_governor.delay_ms"),
+        (HELD_MS_HEADER, "llm_governor.held_ms"),
     ] {
         if let Some((_, v)) = headers.iter().find(|(n, _)| *n == name) {
             if let Err(e) = abi::set_property(&[key], v.as_bytes()) {
@@ -236,16 +357,24 @@ impl RootContext for Root {
             governor: Governor::new(cfg),
             metrics: RefCell::new(metrics),
             rng: RefCell::new(HostRandom::seeded()),
-            held: RefCell::new(HashMap::new()),
+            waits: RefCell::new(HashMap::new()),
+            holds: RefCell::new(Holds::new()),
+            held_ids: RefCell::new(HashSet::new()),
+            held_body_done: RefCell::new(HashSet::new()),
+            released: RefCell::new(HashMap::new()),
             headers_only_until: Cell::new(0),
             warned_body_unavailable: Cell::new(false),
+            ticking: Cell::new(false),
         }));
         true
     }
 
     fn on_tick(&mut self) {
         if let Some(shared) = &self.shared {
-            shared.release_overdue();
+            let now = abi::now_ms();
+            shared.release_overdue(now);
+            shared.release_held(now);
+            shared.tick_as_needed();
         }
     }
 
@@ -255,7 +384,9 @@ impl RootContext for Root {
             shared,
             context_id,
             flow: None,
+            held: false,
             usage: None,
+            finished: false,
         }))
     }
 
@@ -267,42 +398,92 @@ impl RootContext for Root {
 struct Filter {
     shared: Rc<Shared>,
     context_id: u32,
-    /// Set when the request went upstream; None for locally answered requests.
+    /// Set when the request went upstream; None for locally answered (and still held) requests.
     flow: Option<Flow>,
+    /// The request was held (it may have been let go since: then its flow is in `released`).
+    held: bool,
     /// Reads the usage of a successful response whose flow has token budgets to charge.
     usage: Option<UsageScanner>,
+    finished: bool,
 }
 
 impl Filter {
+    /// The flow of a request that went upstream, picking up one the tick let go.
+    fn flow(&mut self) -> Option<&mut Flow> {
+        if self.flow.is_none() {
+            self.flow = self
+                .shared
+                .released
+                .try_borrow_mut()
+                .ok()
+                .and_then(|mut m| m.remove(&self.context_id));
+        }
+        self.flow.as_mut()
+    }
+
+    /// Still held (not yet let go or answered)?
+    fn still_held(&self) -> bool {
+        self.held
+            && self
+                .shared
+                .held_ids
+                .try_borrow()
+                .is_ok_and(|s| s.contains(&self.context_id))
+    }
+
     /// Classify the held response from the body buffered so far and let it go.
     fn release_response(&mut self) -> Action {
-        if let Some(Held {
-            what:
-                Hold::Response {
-                    flow,
-                    status,
-                    headers,
-                },
+        if let Some(Wait::ResponseBody {
+            mut flow,
+            status,
+            headers,
             ..
-        }) = self.shared.take_held(self.context_id)
+        }) = self.shared.take_wait(self.context_id)
         {
-            let body =
-                abi::buffer(BufferType::HttpResponseBody, 0, MAX_ERROR_BODY).unwrap_or_default();
-            let body = &body[..body.len().min(MAX_ERROR_BODY)];
-            self.shared.classify_held(&flow, status, &headers, body);
+            let body = buffered_error_body();
+            self.shared
+                .classify_held(&mut flow, status, &headers, &body);
+            self.flow = Some(flow);
         }
         Action::Continue
     }
 
-    /// The request body is complete: send the held local answer.
-    fn send_held_reply(&mut self) -> Action {
-        match self.shared.take_held(self.context_id) {
-            Some(Held {
-                what: Hold::Reply(reply),
-                ..
-            }) => send_reply(&reply),
+    /// The request body is complete: send the waiting local answer.
+    fn send_waiting_reply(&mut self) -> Action {
+        match self.shared.take_wait(self.context_id) {
+            Some(Wait::RequestBodyEnd { reply, .. }) => send_reply(&reply),
             _ => Action::Continue,
         }
+    }
+
+    /// The stream is over (complete, reset or cancelled), or its context is going away: forget
+    /// it if held, give back what it took, charge what the provider reported. Once.
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let shared = self.shared.clone();
+        let id = self.context_id;
+        let now = abi::now_ms();
+        if let Some(Wait::ResponseBody { flow, .. }) = shared.take_wait(id) {
+            self.flow = Some(flow);
+        }
+        if let Ok(mut s) = shared.held_body_done.try_borrow_mut() {
+            s.remove(&id);
+        }
+        if self.still_held() {
+            if let Ok(mut holds) = shared.holds.try_borrow_mut() {
+                shared.with_env(now, |_, env| holds.forget(id, env));
+            }
+            if let Ok(mut s) = shared.held_ids.try_borrow_mut() {
+                s.remove(&id);
+            }
+        }
+        let usage = self.usage.take().and_then(|s| s.total());
+        if let Some(flow) = self.flow() {
+            shared.with_env(now, |g, env| g.on_stream_end(flow, usage, env));
+        }
+        shared.tick_as_needed();
     }
 }
 
@@ -310,7 +491,7 @@ impl Context for Filter {}
 
 impl Drop for Filter {
     fn drop(&mut self) {
-        let _ = self.shared.take_held(self.context_id);
+        self.finish();
     }
 }
 
@@ -327,21 +508,44 @@ impl HttpContext for Filter {
             headers: Headers::new(&pairs),
         };
         let now = abi::now_ms();
-        match self.shared.with_env(now, |g, env| g.on_request(&view, env)) {
-            Some(RequestDecision::Forward(flow)) => {
+        let shared = self.shared.clone();
+        let id = self.context_id;
+        let step = shared.with_env(now, |g, env| {
+            let flow = g.flow_for(&view);
+            let budget = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
+            match shared.holds.try_borrow_mut() {
+                Ok(mut holds) => holds.request(g, flow, budget, id, env),
+                Err(_) => Step::Go(flow),
+            }
+        });
+        match step {
+            Some(Step::Go(flow)) => {
                 self.flow = Some(flow);
                 Action::Continue
             }
-            Some(RequestDecision::Reply(_, reply)) => {
+            Some(Step::Held) => {
+                self.held = true;
+                if let Ok(mut s) = shared.held_ids.try_borrow_mut() {
+                    s.insert(id);
+                }
+                if end_of_stream {
+                    if let Ok(mut s) = shared.held_body_done.try_borrow_mut() {
+                        s.insert(id);
+                    }
+                }
+                shared.tick_as_needed();
+                Action::Pause
+            }
+            Some(Step::Reply(_, reply)) => {
                 record_for_access_log(&reply.headers);
-                if end_of_stream || !self.shared.body_callbacks_expected(now) {
+                if end_of_stream || !shared.body_callbacks_expected(now) {
                     return send_reply(&reply);
                 }
-                self.shared.hold(
-                    self.context_id,
-                    Held {
-                        what: Hold::Reply(reply),
-                        deadline_ms: now + BODY_WAIT_MS,
+                shared.wait(
+                    id,
+                    Wait::RequestBodyEnd {
+                        reply,
+                        until_ms: now + REQUEST_BODY_WAIT_MS,
                     },
                 );
                 Action::Pause
@@ -351,11 +555,21 @@ impl HttpContext for Filter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.shared.is_holding(self.context_id, true) {
+        if self.still_held() {
+            // Envoy buffers the body until the request is let go; continuing here would
+            // release the held headers too.
+            if end_of_stream {
+                if let Ok(mut s) = self.shared.held_body_done.try_borrow_mut() {
+                    s.insert(self.context_id);
+                }
+            }
+            return Action::Pause;
+        }
+        if !self.shared.is_waiting_for_request_body(self.context_id) {
             return Action::Continue;
         }
         if end_of_stream {
-            return self.send_held_reply();
+            return self.send_waiting_reply();
         }
         // The request will never go upstream: drop what arrived so Envoy's buffer limit
         // (which would answer 413) is never reached by a large prompt.
@@ -364,29 +578,42 @@ impl HttpContext for Filter {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if self.shared.is_holding(self.context_id, true) {
-            return self.send_held_reply();
+        if self.still_held() {
+            if let Ok(mut s) = self.shared.held_body_done.try_borrow_mut() {
+                s.insert(self.context_id);
+            }
+            return Action::Pause;
+        }
+        if self.shared.is_waiting_for_request_body(self.context_id) {
+            return self.send_waiting_reply();
         }
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(flow) = self.flow.clone() else {
+        let shared = self.shared.clone();
+        let id = self.context_id;
+        let Some(flow) = self.flow() else {
             return Action::Continue;
         };
+        if let Some(ms) = flow.held_ms {
+            let ms = ms.to_string();
+            if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, HELD_MS_HEADER, &ms) {
+                log::debug!("llm_governor: could not set {HELD_MS_HEADER}: {e}");
+            }
+            let _ = abi::set_property(&["llm_governor.held_ms"], ms.as_bytes());
+        }
         let pairs = abi::header_map(MapType::HttpResponseHeaders).unwrap_or_default();
         let status = std::str::from_utf8(header(&pairs, ":status"))
             .ok()
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
-        if !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream {
-            self.usage = Some(UsageScanner::new());
-        }
+        let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
         let now = abi::now_ms();
-        let body_available = self.shared.body_callbacks_expected(now);
-        let step = self.shared.with_env(now, |g, env| {
+        let body_available = shared.body_callbacks_expected(now);
+        let step = shared.with_env(now, |g, env| {
             g.on_response_headers(
-                &flow,
+                flow,
                 status,
                 &Headers::new(&pairs),
                 end_of_stream,
@@ -394,21 +621,25 @@ impl HttpContext for Filter {
                 env,
             )
         });
+        if scan_usage {
+            self.usage = Some(UsageScanner::new());
+        }
         match step {
             Some(ResponseStep::Rewrite(g)) => {
-                apply(&g);
+                apply(&g.headers);
                 Action::Continue
             }
             Some(ResponseStep::NeedBody) => {
-                self.shared.hold(
-                    self.context_id,
-                    Held {
-                        what: Hold::Response {
-                            flow,
-                            status,
-                            headers: pairs,
-                        },
-                        deadline_ms: now + BODY_WAIT_MS,
+                let Some(flow) = self.flow.take() else {
+                    return Action::Continue;
+                };
+                shared.wait(
+                    id,
+                    Wait::ResponseBody {
+                        flow,
+                        status,
+                        headers: pairs,
+                        until_ms: now + BODY_WAIT_MS,
                     },
                 );
                 Action::Pause
@@ -424,7 +655,7 @@ impl HttpContext for Filter {
             }
             return Action::Continue;
         }
-        if !self.shared.is_holding(self.context_id, false) {
+        if !self.shared.is_waiting_for_response_body(self.context_id) {
             return Action::Continue;
         }
         if !end_of_stream && body_size < MAX_ERROR_BODY {
@@ -434,20 +665,13 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        if self.shared.is_holding(self.context_id, false) {
+        if self.shared.is_waiting_for_response_body(self.context_id) {
             return self.release_response();
         }
         Action::Continue
     }
 
-    /// The stream is over (complete, reset or cancelled): charge what the provider reported.
     fn on_log(&mut self) {
-        let (Some(flow), Some(scanner)) = (&self.flow, self.usage.take()) else {
-            return;
-        };
-        if let Some(tokens) = scanner.total() {
-            self.shared
-                .with_env(abi::now_ms(), |g, env| g.on_usage(flow, tokens, env));
-        }
+        self.finish();
     }
 }

@@ -78,6 +78,7 @@ impl Host {
         body: &str,
     ) -> Option<Governed> {
         let hs = owned(headers);
+        let flow = &mut flow.clone();
         let mut env = Env {
             store: &self.store,
             metrics: &mut self.metrics,

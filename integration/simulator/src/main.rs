@@ -115,6 +115,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::io::{BufRead, BufReader, Read};
     use std::net::TcpStream;
     use std::thread;
@@ -364,6 +365,133 @@ mod tests {
         // Reset clears it.
         assert_eq!(c.send("POST", "/_sim/reset", &[], "").status, 200);
         assert_eq!(c.send("GET", "/_sim/requests", &[], "").json()["total"], 0);
+    }
+
+    /// `GET /_sim/requests` once `in_flight` is back to 0: a server thread ends a request just
+    /// after writing its last byte, which a client can read a moment earlier.
+    fn settled_log(c: &mut Conn) -> serde_json::Value {
+        for _ in 0..200 {
+            let log = c.send("GET", "/_sim/requests", &[], "").json();
+            if log["in_flight"] == 0 {
+                return log;
+            }
+            thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("requests still in flight");
+    }
+
+    #[test]
+    fn server_concurrency_limit_holds_slots_through_latency_and_streams() {
+        let addr = start();
+        let mut admin = Conn::open(addr);
+        let chat = r#"{"model":"gpt-4o","messages":[]}"#;
+        let sc = admin.send(
+            "POST",
+            "/_sim/scenario",
+            &[],
+            r#"{"max_concurrency":2,"latency_ms":600}"#,
+        );
+        assert_eq!(sc.status, 200, "{}", sc.body);
+
+        // Five requests of one key at once, each held open 600 ms: two are served, three get
+        // the dialect's 429 with a 1 s hint.
+        let start_line = Arc::new(std::sync::Barrier::new(5));
+        let clients: Vec<_> = (0..5)
+            .map(|_| {
+                let start_line = start_line.clone();
+                thread::spawn(move || {
+                    let mut c = Conn::open(addr);
+                    start_line.wait();
+                    c.send(
+                        "POST",
+                        "/v1/chat/completions",
+                        &[("authorization", "Bearer sk-c")],
+                        chat,
+                    )
+                })
+            })
+            .collect();
+        let answers: Vec<Resp> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+        let ok = answers.iter().filter(|r| r.status == 200).count();
+        let limited: Vec<&Resp> = answers.iter().filter(|r| r.status == 429).collect();
+        assert_eq!((ok, limited.len()), (2, 3));
+        for r in &limited {
+            assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
+            assert_eq!(r.header("retry-after"), Some("1"));
+            // Not an exhausted requests-per-minute window.
+            assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("59"));
+        }
+        let log = settled_log(&mut admin);
+        assert_eq!(log["max_in_flight"], 2);
+        assert_eq!(log["max_in_flight_by_key"]["sk-c"], 2);
+        let entries = log["requests"].as_array().unwrap();
+        let rejected: Vec<_> = entries
+            .iter()
+            .filter(|e| e["decision"] == "concurrency")
+            .collect();
+        assert_eq!(rejected.len(), 3);
+        for e in rejected {
+            assert_eq!(e["status"], 429);
+            assert_eq!(e["hint_ms"], 1000);
+            assert_eq!(e["in_flight_key"], 2);
+        }
+        assert_eq!(entries.iter().filter(|e| e["decision"] == "ok").count(), 2);
+
+        // A stream holds its slot until its last event is written (no latency here).
+        admin.send(
+            "POST",
+            "/_sim/scenario",
+            &[],
+            r#"{"max_concurrency":1,"stream_delay_ms":150}"#,
+        );
+        let streamer = thread::spawn(move || {
+            Conn::open(addr).send(
+                "POST",
+                "/v1/messages",
+                &[("x-api-key", "ak")],
+                r#"{"stream":true}"#,
+            )
+        });
+        let mut seen = false;
+        for _ in 0..100 {
+            if admin.send("GET", "/_sim/requests", &[], "").json()["in_flight"] == 1 {
+                seen = true;
+                break;
+            }
+            thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(seen, "the stream never showed as in flight");
+        let mut c = Conn::open(addr);
+        let r = c.send("POST", "/v1/messages", &[("x-api-key", "ak")], "{}");
+        assert_eq!(r.status, 429);
+        assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+        assert_eq!(r.header("retry-after"), Some("1"));
+        let other = c.send("POST", "/v1/messages", &[("x-api-key", "ak2")], "{}");
+        assert_eq!(other.status, 200);
+        let streamed = streamer.join().unwrap();
+        assert_eq!(streamed.status, 200);
+        assert!(streamed.body.contains("event: message_stop"));
+        settled_log(&mut admin);
+        assert_eq!(
+            c.send("POST", "/v1/messages", &[("x-api-key", "ak")], "{}")
+                .status,
+            200
+        );
+        let log = settled_log(&mut admin);
+        assert_eq!(log["max_in_flight_by_key"]["ak"], 1);
+        assert_eq!(log["max_in_flight"], 2);
+
+        // Reset forgets the maxima.
+        admin.send("POST", "/_sim/reset", &[], "");
+        let log = admin.send("GET", "/_sim/requests", &[], "").json();
+        assert_eq!(
+            (
+                &log["in_flight"],
+                &log["max_in_flight"],
+                &log["max_in_flight_by_key"]
+            ),
+            (&json!(0), &json!(0), &json!({}))
+        );
     }
 
     #[test]

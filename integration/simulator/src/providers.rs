@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::http::{Body, Request, Response};
 use crate::scenario::{Dimension, RetryStyle};
-use crate::sim::{Decision, Dialect, Outcome};
+use crate::sim::{Decision, Dialect, Outcome, Reason};
 use crate::timefmt::{go_duration_ms, http_date_ceil_ms, next_month, rfc3339_ceil_ms};
 
 pub const CONTENT: &str = "Hello from llm-sim";
@@ -238,9 +238,9 @@ pub fn respond(ctx: &Ctx) -> Response {
     resp
 }
 
-/// Adds the retry hint headers in the scenario's style.
-fn retry_headers(resp: &mut Response, dialect: Dialect, d: &Decision) {
-    let style = match d.outcome {
+/// How an answer carries its retry hint in headers: the scenario's style or the dialect's default.
+fn retry_style(dialect: Dialect, d: &Decision) -> RetryStyle {
+    match d.outcome {
         Outcome::RateLimited if dialect == Dialect::Azure => d.style.unwrap_or(RetryStyle::Both),
         Outcome::RateLimited | Outcome::Overloaded | Outcome::Unavailable
             if dialect != Dialect::Gemini =>
@@ -254,9 +254,45 @@ fn retry_headers(resp: &mut Response, dialect: Dialect, d: &Decision) {
         | Outcome::GeminiMinute
         | Outcome::GeminiDay => d.style.unwrap_or(RetryStyle::None),
         Outcome::Ok | Outcome::Quota | Outcome::Error(_) => RetryStyle::None,
-    };
+    }
+}
+
+/// Gemini's quota shapes carry `RetryInfo` unless the scenario says `retry_after: none`.
+fn has_retry_info(d: &Decision) -> bool {
+    matches!(d.outcome, Outcome::GeminiMinute | Outcome::GeminiDay)
+        && d.style != Some(RetryStyle::None)
+}
+
+/// The retry hint an answer carries, in ms, as a client reads it: from the first present of
+/// `retry-after-ms`, `retry-after` (whole seconds, or an HTTP-date rounded up to the second,
+/// taken relative to the answer's time), the exhausted dimension's reset header (OpenAI/Azure:
+/// exact; Anthropic: RFC 3339 rounded up to the second) and Gemini's `RetryInfo.retryDelay`
+/// (whole seconds). `None` when the answer carries no hint.
+pub fn sent_hint_ms(dialect: Dialect, d: &Decision) -> Option<u64> {
+    let whole_secs = secs_ceil(d.hint_ms).saturating_mul(1000);
+    let until_second = d
+        .now_unix_ms
+        .saturating_add(d.hint_ms)
+        .div_ceil(1000)
+        .saturating_mul(1000)
+        .saturating_sub(d.now_unix_ms);
+    match retry_style(dialect, d) {
+        RetryStyle::Ms | RetryStyle::Both => Some(d.hint_ms),
+        RetryStyle::Seconds => Some(whole_secs),
+        RetryStyle::Date => Some(until_second),
+        RetryStyle::None => match (d.exhausted, dialect) {
+            (Some(_), Dialect::OpenAi | Dialect::Azure) => Some(d.hint_ms),
+            (Some(_), Dialect::Anthropic) => Some(until_second),
+            _ if has_retry_info(d) => Some(whole_secs),
+            _ => None,
+        },
+    }
+}
+
+/// Adds the retry hint headers in the scenario's style.
+fn retry_headers(resp: &mut Response, dialect: Dialect, d: &Decision) {
     let secs = secs_ceil(d.hint_ms).to_string();
-    match style {
+    match retry_style(dialect, d) {
         RetryStyle::Seconds => resp.header("retry-after", secs),
         RetryStyle::Ms => resp.header("retry-after-ms", d.hint_ms.to_string()),
         RetryStyle::Date => resp.header(
@@ -601,7 +637,14 @@ fn openai_error(ctx: &Ctx) -> Value {
         Outcome::RateLimited => {
             let model = ctx.model();
             let wait = go_duration_ms(d.hint_ms);
-            let (typ, msg) = if d.exhausted.is_some_and(Dimension::is_tokens) {
+            let (typ, msg) = if d.reason == Reason::Concurrency {
+                (
+                    "requests",
+                    format!(
+                        "Rate limit reached for {model} in organization {ORG} on concurrent requests. Please try again in {wait}. Visit https://platform.openai.com/account/rate-limits to learn more."
+                    ),
+                )
+            } else if d.exhausted.is_some_and(Dimension::is_tokens) {
                 let requested = d.input_tokens + d.output_tokens;
                 (
                     "tokens",
@@ -698,7 +741,9 @@ fn azure_error(ctx: &Ctx) -> Value {
                 .query_param("api-version")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "2024-10-21".to_string());
-            let kind = if d.exhausted.is_some_and(Dimension::is_tokens) {
+            let kind = if d.reason == Reason::Concurrency {
+                "concurrent request limit"
+            } else if d.exhausted.is_some_and(Dimension::is_tokens) {
                 "token rate limit"
             } else {
                 "call rate limit"
@@ -729,14 +774,19 @@ fn anthropic_error(ctx: &Ctx) -> Value {
     match d.outcome {
         Outcome::RateLimited => {
             let what = match d.exhausted.unwrap_or_default() {
-                Dimension::Requests => format!("{} requests", l.limit_requests),
-                Dimension::Tokens => format!("{} tokens", l.limit_tokens),
-                Dimension::InputTokens => format!("{} input tokens", l.limit_input_tokens),
-                Dimension::OutputTokens => format!("{} output tokens", l.limit_output_tokens),
+                _ if d.reason == Reason::Concurrency => "on concurrent requests".to_string(),
+                Dimension::Requests => format!("of {} requests per minute", l.limit_requests),
+                Dimension::Tokens => format!("of {} tokens per minute", l.limit_tokens),
+                Dimension::InputTokens => {
+                    format!("of {} input tokens per minute", l.limit_input_tokens)
+                }
+                Dimension::OutputTokens => {
+                    format!("of {} output tokens per minute", l.limit_output_tokens)
+                }
             };
             anthropic_err(
                 "rate_limit_error",
-                &format!("This request would exceed the rate limit for your organization ({ORG}) of {what} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later. You may also contact sales at https://www.anthropic.com/contact-sales to discuss your options for a rate limit increase."),
+                &format!("This request would exceed the rate limit for your organization ({ORG}) {what}. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later. You may also contact sales at https://www.anthropic.com/contact-sales to discuss your options for a rate limit increase."),
             )
         }
         Outcome::Quota => {
@@ -851,7 +901,7 @@ fn gemini_quota(ctx: &Ctx) -> Value {
                        "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]
         }),
     ];
-    if d.style != Some(RetryStyle::None) {
+    if has_retry_info(d) {
         details.push(json!({
             "@type": "type.googleapis.com/google.rpc.RetryInfo",
             "retryDelay": format!("{}s", secs_ceil(d.hint_ms))

@@ -103,6 +103,10 @@ pub struct Scenario {
     pub keys: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<Limit>,
+    /// Most requests of one account key in flight at once; a targeted request arriving when
+    /// this many are already in flight gets a 429.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -154,6 +158,9 @@ impl Scenario {
                 return Err("invalid scenario: limit.window_ms: must be > 0".into());
             }
         }
+        if self.max_concurrency == Some(0) {
+            return Err("invalid scenario: max_concurrency: must be > 0".into());
+        }
         if self.latency_ms.is_some_and(|v| v > 600_000) {
             return Err("invalid scenario: latency_ms: must be <= 600000".into());
         }
@@ -178,7 +185,7 @@ mod tests {
         let s = Scenario::parse(
             br#"{"mode":"rate_limited","retry_after":"both","retry_after_s":2.5,"count":3,
                 "until_ms":2000,"keys":["sk-a"],"limit":{"requests":5,"window_ms":3000},
-                "latency_ms":10,"dimension":"input_tokens",
+                "max_concurrency":4,"latency_ms":10,"dimension":"input_tokens",
                 "ratelimit":{"limit_requests":60,"remaining_requests":42,"reset_requests_ms":1000,
                   "limit_tokens":100000,"remaining_tokens":99000,"reset_tokens_ms":6000,
                   "limit_input_tokens":80000,"remaining_input_tokens":79000,
@@ -190,6 +197,8 @@ mod tests {
         assert_eq!(s.retry_after, Some(RetryStyle::Both));
         assert_eq!(s.limit.as_ref().map(|l| l.requests), Some(5));
         assert_eq!(s.dimension, Some(Dimension::InputTokens));
+        assert_eq!(s.max_concurrency, Some(4));
+        assert_eq!(s.latency_ms, Some(10));
         assert_eq!(s.ratelimit.unwrap().remaining_requests, Some(42));
     }
 
@@ -217,5 +226,31 @@ mod tests {
         assert!(Scenario::parse(br#"{"retry_after_s":-1}"#).is_err());
         assert!(Scenario::parse(b"[1,2]").is_err());
         assert!(Scenario::parse(b"{").is_err());
+    }
+
+    #[test]
+    fn max_concurrency_is_validated() {
+        let e = Scenario::parse(br#"{"max_concurrency":0}"#).unwrap_err();
+        assert!(e.contains("max_concurrency: must be > 0"), "{e}");
+        for bad in [
+            &br#"{"max_concurrency":-1}"#[..],
+            br#"{"max_concurrency":1.5}"#,
+            br#"{"max_concurrency":"2"}"#,
+            br#"{"max_concurrency":null,"max_concurency":2}"#,
+        ] {
+            assert!(
+                Scenario::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let s = Scenario::parse(br#"{"max_concurrency":1,"latency_ms":600000}"#).unwrap();
+        assert_eq!(s.max_concurrency, Some(1));
+        // It round-trips through GET /_sim/scenario, and is omitted when unset.
+        let doc = serde_json::to_value(&s).unwrap();
+        assert_eq!(doc["max_concurrency"], 1);
+        let unset = serde_json::to_value(Scenario::default()).unwrap();
+        assert!(unset.get("max_concurrency").is_none());
+        assert!(Scenario::parse(br#"{"latency_ms":600001}"#).is_err());
     }
 }

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 use crate::http::{self, ParseError, Request, Response};
-use crate::providers::{self, Ctx};
+use crate::providers::{self, Ctx, Route};
 use crate::scenario::Scenario;
-use crate::sim::{ReqInfo, State};
+use crate::sim::{Decision, ReqInfo, State};
 
 /// An idle keep-alive connection is closed after this long (long, so that a pooled upstream
 /// connection in Envoy is practically never closed under it).
@@ -22,6 +22,19 @@ pub type Shared = Arc<Mutex<State>>;
 
 pub fn lock(state: &Shared) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A provider request counted in flight; dropping it (once the answer is written, or the
+/// connection failed) ends it.
+pub struct InFlight {
+    state: Shared,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.state).finish(&self.key);
+    }
 }
 
 /// Accepts connections forever, one thread each.
@@ -63,8 +76,10 @@ fn handle_conn(stream: TcpStream, state: Shared) {
             }
         };
         let keep_alive = req.keep_alive();
-        let resp = handle(&req, &state);
-        if http::write_response(&mut writer, resp, keep_alive, req.http10).is_err() {
+        let (resp, in_flight) = handle(&req, &state);
+        let written = http::write_response(&mut writer, resp, keep_alive, req.http10);
+        drop(in_flight);
+        if written.is_err() {
             return;
         }
         if !keep_alive {
@@ -85,17 +100,18 @@ fn admin_error(status: u16, msg: &str) -> Response {
     Response::json(status, &json!({"error": msg}))
 }
 
-/// Answers one request.
-pub fn handle(req: &Request, state: &Shared) -> Response {
+/// Answers one request; a provider request stays in flight until the `InFlight` is dropped.
+pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
     if req.path == "/_sim" || req.path.starts_with("/_sim/") {
-        return admin(req, state);
+        return (admin(req, state), None);
     }
     let Some(route) = providers::route(&req.path) else {
-        return Response::json(
+        let resp = Response::json(
             404,
             &json!({"error": {"message": format!("llm-sim: no provider endpoint at {}", req.path),
                               "type": "invalid_request_error", "param": null, "code": "unknown_url"}}),
         );
+        return (resp, None);
     };
     let key = providers::account_key(req);
     let forced_status = (req.method != "POST").then_some(405);
@@ -111,6 +127,19 @@ pub fn handle(req: &Request, state: &Shared) -> Response {
         Instant::now(),
         SystemTime::now(),
     );
+    let in_flight = decision.in_flight.then(|| InFlight {
+        state: state.clone(),
+        key,
+    });
+    (respond(req, &route, &decision, forced_status), in_flight)
+}
+
+fn respond(
+    req: &Request,
+    route: &Route,
+    decision: &Decision,
+    forced_status: Option<u16>,
+) -> Response {
     if let Some(status) = forced_status {
         let mut r = Response::json(
             status,
@@ -125,10 +154,10 @@ pub fn handle(req: &Request, state: &Shared) -> Response {
     }
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     providers::respond(&Ctx {
-        route: &route,
+        route,
         req,
         body: &body,
-        d: &decision,
+        d: decision,
     })
 }
 

@@ -1,5 +1,6 @@
-//! Global simulator state: the scenario, its clock, per-key sliding windows and the request log.
-//! Lives behind one Mutex; every provider request takes the lock once to decide and log.
+//! Global simulator state: the scenario, its clock, per-key sliding windows, requests in flight
+//! and the request log. Lives behind one Mutex; every provider request takes the lock once to
+//! decide and log, and once more (`State::finish`) when its answer is written.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use crate::providers;
 use crate::scenario::{Dimension, Mode, RetryStyle, Scenario};
 use crate::timefmt::unix_ms;
 
@@ -14,6 +16,8 @@ use crate::timefmt::unix_ms;
 pub const MAX_LOG: usize = 200_000;
 /// Completion tokens reported when the scenario does not say.
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 5;
+/// The retry hint of a 429 for `max_concurrency`: a slot frees as soon as any request ends.
+pub const CONCURRENCY_HINT_MS: u64 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -61,6 +65,31 @@ impl Outcome {
     }
 }
 
+/// Why a provider request got its answer; logged as `decision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Answered with success: not targeted, or targeted and within every limit.
+    Ok,
+    /// The sliding `limit` window was over its `requests`.
+    WindowFull,
+    /// `max_concurrency` requests of the key were already in flight.
+    Concurrency,
+    /// The scenario's `mode` applies (no `limit`, mode other than `ok`).
+    Mode,
+    /// Not a `POST`: 405.
+    MethodNotAllowed,
+}
+
+impl Reason {
+    pub fn is_rejection(self) -> bool {
+        matches!(
+            self,
+            Reason::WindowFull | Reason::Concurrency | Reason::Mode
+        )
+    }
+}
+
 /// Rate-limit values reported in headers, fully resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -80,6 +109,7 @@ pub struct Limits {
 
 #[derive(Debug, Clone)]
 pub struct Decision {
+    pub reason: Reason,
     pub outcome: Outcome,
     pub status: u16,
     /// When the client may come back, in ms (the "retry hint").
@@ -94,6 +124,10 @@ pub struct Decision {
     pub latency_ms: u64,
     pub stream_delay_ms: u64,
     pub now_unix_ms: u64,
+    /// The request is counted in flight: call `State::finish` with its key once the answer is
+    /// written. Only served requests (`Reason::Ok`) are: a real provider's 429 holds no slot,
+    /// while here it may wait out `latency_ms` too.
+    pub in_flight: bool,
 }
 
 pub struct ReqInfo<'a> {
@@ -115,6 +149,55 @@ pub struct LogEntry {
     pub key: String,
     pub dialect: &'static str,
     pub status: u16,
+    pub decision: Reason,
+    /// The retry hint the answer carries, in ms (see `providers::sent_hint_ms`).
+    pub hint_ms: Option<u64>,
+    /// Requests of this key in the sliding window, this one included; `None` without a window.
+    pub window_count: Option<u64>,
+    /// Requests in flight when this one arrived, not counting itself: all keys, and this key.
+    pub in_flight: u64,
+    pub in_flight_key: u64,
+}
+
+/// Requests being processed now and the most seen at once.
+#[derive(Default)]
+struct InFlight {
+    now: u64,
+    by_key: HashMap<String, u64>,
+    max: u64,
+    max_by_key: BTreeMap<String, u64>,
+}
+
+impl InFlight {
+    fn of(&self, key: &str) -> u64 {
+        self.by_key.get(key).copied().unwrap_or(0)
+    }
+
+    fn start(&mut self, key: &str) {
+        self.now += 1;
+        let n = self.by_key.entry(key.to_string()).or_default();
+        *n += 1;
+        let n = *n;
+        self.max = self.max.max(self.now);
+        let max = self.max_by_key.entry(key.to_string()).or_default();
+        *max = (*max).max(n);
+    }
+
+    fn finish(&mut self, key: &str) {
+        self.now = self.now.saturating_sub(1);
+        if let Some(n) = self.by_key.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// Forgets the maxima; requests still in flight stay counted (they finish later).
+    fn reset_max(&mut self) {
+        self.max = self.now;
+        self.max_by_key = self.by_key.iter().map(|(k, &n)| (k.clone(), n)).collect();
+    }
 }
 
 pub struct State {
@@ -127,6 +210,7 @@ pub struct State {
     total: u64,
     by_status: BTreeMap<u16, u64>,
     by_key: BTreeMap<String, BTreeMap<u16, u64>>,
+    in_flight: InFlight,
 }
 
 fn ms_between(later: Instant, earlier: Instant) -> f64 {
@@ -150,6 +234,7 @@ impl State {
             total: 0,
             by_status: BTreeMap::new(),
             by_key: BTreeMap::new(),
+            in_flight: InFlight::default(),
         };
         s.set_scenario(scenario);
         s
@@ -168,8 +253,9 @@ impl State {
         self.windows.clear();
     }
 
-    /// Back to the default scenario with an empty log.
+    /// Back to the default scenario with an empty log and forgotten in-flight maxima.
     pub fn reset(&mut self) {
+        self.in_flight.reset_max();
         self.set_scenario(Scenario::default());
         self.log.clear();
         self.dropped = 0;
@@ -217,15 +303,26 @@ impl State {
             window = Some((n, admit, oldest));
         }
 
-        let reject = targeted
-            && match (&sc.limit, window) {
-                (Some(_), Some((_, admit, _))) => admit.is_some(),
-                _ => sc.mode != Mode::Ok,
-            };
-        let mut outcome = if !reject {
-            Outcome::Ok
+        let in_flight = self.in_flight.now;
+        let in_flight_key = self.in_flight.of(req.key);
+        // Concurrency only rejects what would otherwise succeed.
+        let reason = if req.forced_status.is_some() {
+            Reason::MethodNotAllowed
+        } else if !targeted {
+            Reason::Ok
+        } else if window.is_some_and(|(_, admit, _)| admit.is_some()) {
+            Reason::WindowFull
+        } else if sc.limit.is_none() && sc.mode != Mode::Ok {
+            Reason::Mode
+        } else if sc.max_concurrency.is_some_and(|max| in_flight_key >= max) {
+            Reason::Concurrency
         } else {
-            match sc.mode {
+            Reason::Ok
+        };
+        let mut outcome = match reason {
+            Reason::Ok | Reason::MethodNotAllowed => Outcome::Ok,
+            Reason::Concurrency => Outcome::RateLimited,
+            Reason::WindowFull | Reason::Mode => match sc.mode {
                 Mode::Ok | Mode::RateLimited => Outcome::RateLimited,
                 Mode::Quota => Outcome::Quota,
                 Mode::Overloaded => Outcome::Overloaded,
@@ -233,7 +330,7 @@ impl State {
                 Mode::GeminiMinute => Outcome::GeminiMinute,
                 Mode::GeminiDay => Outcome::GeminiDay,
                 Mode::Error => Outcome::Error(sc.error_status()),
-            }
+            },
         };
         if req.dialect == Dialect::Gemini {
             outcome = match outcome {
@@ -242,17 +339,20 @@ impl State {
                 o => o,
             };
         }
-        if reject {
+        if reason.is_rejection() {
             if let Some(c) = self.remaining_count.as_mut() {
                 *c = c.saturating_sub(1);
             }
         }
 
-        let hint_ms = sc
-            .retry_after_s
-            .map(|s| (s * 1000.0).ceil() as u64)
-            .or(window.and_then(|(_, admit, _)| admit))
-            .unwrap_or(1000);
+        let hint_ms = if reason == Reason::Concurrency {
+            CONCURRENCY_HINT_MS
+        } else {
+            sc.retry_after_s
+                .map(|s| (s * 1000.0).ceil() as u64)
+                .or(window.and_then(|(_, admit, _)| admit))
+                .unwrap_or(1000)
+        };
 
         let usage = sc.usage.clone().unwrap_or_default();
         let input_tokens = usage.input_tokens.unwrap_or(req.est_input_tokens);
@@ -300,7 +400,9 @@ impl State {
             reset_output_tokens_ms: reset_tokens_ms,
         };
 
+        // A concurrency 429 exhausts no rate-limit dimension: the headers stay as they are.
         let exhausted = match outcome {
+            _ if reason == Reason::Concurrency => None,
             Outcome::RateLimited | Outcome::GeminiMinute => Some(sc.dimension.unwrap_or_default()),
             _ => None,
         };
@@ -329,6 +431,7 @@ impl State {
             .unwrap_or_else(|| outcome.status(req.dialect));
         let now_unix_ms = unix_ms(now_sys);
         let decision = Decision {
+            reason,
             outcome,
             status,
             hint_ms,
@@ -340,7 +443,11 @@ impl State {
             latency_ms: sc.latency_ms.unwrap_or(0),
             stream_delay_ms: sc.stream_delay_ms.unwrap_or(0),
             now_unix_ms,
+            in_flight: reason == Reason::Ok,
         };
+        if decision.in_flight {
+            self.in_flight.start(req.key);
+        }
         self.record(LogEntry {
             t_ms: (t_ms * 1000.0).round() / 1000.0,
             unix_ms: now_unix_ms,
@@ -349,8 +456,18 @@ impl State {
             key: req.key.to_string(),
             dialect: req.dialect.name(),
             status,
+            decision: reason,
+            hint_ms: providers::sent_hint_ms(req.dialect, &decision),
+            window_count: window.map(|(n, _, _)| n),
+            in_flight,
+            in_flight_key,
         });
         decision
+    }
+
+    /// A request counted in flight (`Decision::in_flight`) has been answered.
+    pub fn finish(&mut self, key: &str) {
+        self.in_flight.finish(key);
     }
 
     fn record(&mut self, e: LogEntry) {
@@ -385,6 +502,9 @@ impl State {
             "t_ms": ms_between(Instant::now(), self.started).round(),
             "by_status": status_map(&self.by_status),
             "by_key": by_key,
+            "in_flight": self.in_flight.now,
+            "max_in_flight": self.in_flight.max,
+            "max_in_flight_by_key": self.in_flight.max_by_key,
             "requests": self.log,
         })
     }
@@ -442,6 +562,240 @@ mod tests {
         assert_eq!(doc["by_status"]["429"], 2);
         assert_eq!(doc["by_key"]["k"]["200"], 3);
         assert_eq!(doc["requests"][2]["status"], 429);
+        // The log says what was decided, the window count seen and the hint as sent
+        // (default style: `retry-after` in whole seconds, 900 ms -> 1 s).
+        let log = &doc["requests"];
+        let fields = |i: usize| {
+            (
+                log[i]["decision"].as_str().unwrap(),
+                log[i]["window_count"].as_u64(),
+                log[i]["hint_ms"].as_u64(),
+            )
+        };
+        assert_eq!(fields(0), ("ok", Some(1), None));
+        assert_eq!(fields(1), ("ok", Some(2), None));
+        assert_eq!(fields(2), ("window_full", Some(3), Some(1000)));
+        assert_eq!(fields(3), ("window_full", Some(3), Some(1000)));
+        assert_eq!(fields(4), ("ok", Some(1), None));
+        assert_eq!(fields(5), ("ok", Some(1), None));
+    }
+
+    /// The last log entry as (decision, status, hint_ms).
+    fn last(st: &State) -> (String, u64, Option<u64>) {
+        let doc = st.requests_json();
+        let e = doc["requests"].as_array().unwrap().last().unwrap().clone();
+        (
+            e["decision"].as_str().unwrap().to_string(),
+            e["status"].as_u64().unwrap(),
+            e["hint_ms"].as_u64(),
+        )
+    }
+
+    #[test]
+    fn decision_and_sent_hint_are_logged() {
+        use Dialect::*;
+        // 250 ms past a whole second, so date-rounded hints are visibly rounded.
+        let sys = SystemTime::UNIX_EPOCH + Duration::from_millis(1_790_000_000_250);
+        let rl = r#"{"mode":"rate_limited","retry_after_s":1.25"#;
+        let rows: Vec<(String, Dialect, &str, u64, Option<u64>)> = vec![
+            ("{}".into(), OpenAi, "ok", 200, None),
+            (format!("{rl}}}"), OpenAi, "mode", 429, Some(2000)),
+            (
+                format!(r#"{rl},"retry_after":"ms"}}"#),
+                OpenAi,
+                "mode",
+                429,
+                Some(1250),
+            ),
+            (
+                format!(r#"{rl},"retry_after":"both"}}"#),
+                OpenAi,
+                "mode",
+                429,
+                Some(1250),
+            ),
+            // retry-after: <date> rounded up to the second: .250 + 1.250 -> 2.000, 1750 ms on.
+            (
+                format!(r#"{rl},"retry_after":"date"}}"#),
+                OpenAi,
+                "mode",
+                429,
+                Some(1750),
+            ),
+            // No retry header: the exhausted dimension's reset says it.
+            (
+                format!(r#"{rl},"retry_after":"none"}}"#),
+                OpenAi,
+                "mode",
+                429,
+                Some(1250),
+            ),
+            (
+                format!(r#"{rl},"retry_after":"none"}}"#),
+                Anthropic,
+                "mode",
+                429,
+                Some(1750),
+            ),
+            (
+                format!(r#"{rl},"retry_after":"none"}}"#),
+                Gemini,
+                "mode",
+                429,
+                None,
+            ),
+            (format!("{rl}}}"), Azure, "mode", 429, Some(1250)),
+            (format!("{rl}}}"), Anthropic, "mode", 429, Some(2000)),
+            (format!("{rl}}}"), Gemini, "mode", 429, Some(2000)),
+            (r#"{"mode":"quota"}"#.into(), OpenAi, "mode", 429, None),
+            (r#"{"mode":"quota"}"#.into(), Anthropic, "mode", 429, None),
+            (
+                r#"{"mode":"overloaded"}"#.into(),
+                Anthropic,
+                "mode",
+                529,
+                Some(1000),
+            ),
+            (
+                r#"{"mode":"error","status":500}"#.into(),
+                OpenAi,
+                "mode",
+                500,
+                None,
+            ),
+            (
+                format!(r#"{rl},"keys":["other"]}}"#),
+                OpenAi,
+                "ok",
+                200,
+                None,
+            ),
+        ];
+        for (sc, dialect, decision, status, hint) in rows {
+            let mut st = State::new(scenario(&sc));
+            let mut i = info("k");
+            i.dialect = dialect;
+            st.decide(&i, Instant::now(), sys);
+            assert_eq!(
+                last(&st),
+                (decision.to_string(), status, hint),
+                "{sc} {dialect:?}"
+            );
+        }
+        // A non-POST is logged as such, whatever the scenario.
+        let mut st = State::new(scenario(&format!("{rl}}}")));
+        let mut i = info("k");
+        i.method = "GET";
+        i.forced_status = Some(405);
+        let d = st.decide(&i, Instant::now(), sys);
+        assert_eq!(last(&st), ("method_not_allowed".into(), 405, None));
+        assert!(!d.in_flight);
+    }
+
+    #[test]
+    fn concurrency_limit_counts_requests_in_flight_per_key() {
+        let mut st = State::new(scenario(r#"{"max_concurrency":2}"#));
+        let now = Instant::now();
+        let sys = SystemTime::now();
+        let a = st.decide(&info("k"), now, sys);
+        let b = st.decide(&info("k"), now, sys);
+        let o = st.decide(&info("other"), now, sys);
+        assert!(a.in_flight && b.in_flight && o.in_flight);
+        assert_eq!((a.status, b.status, o.status), (200, 200, 200));
+        // Third of "k" while two are in flight: a 429 with a 1 s hint, not counted in flight,
+        // and no rate-limit dimension reported exhausted.
+        let c = st.decide(&info("k"), now, sys);
+        assert_eq!(c.status, 429);
+        assert_eq!(c.reason, Reason::Concurrency);
+        assert_eq!(c.outcome, Outcome::RateLimited);
+        assert_eq!(c.hint_ms, CONCURRENCY_HINT_MS);
+        assert_eq!(c.exhausted, None);
+        assert_eq!(c.limits.remaining_requests, 59);
+        assert!(!c.in_flight);
+        let doc = st.requests_json();
+        assert_eq!(doc["in_flight"], 3);
+        assert_eq!(doc["max_in_flight"], 3);
+        assert_eq!(doc["max_in_flight_by_key"], json!({"k": 2, "other": 1}));
+        let arrival = |i: usize| {
+            let e = &doc["requests"][i];
+            (e["in_flight"].as_u64(), e["in_flight_key"].as_u64())
+        };
+        assert_eq!(arrival(0), (Some(0), Some(0)));
+        assert_eq!(arrival(1), (Some(1), Some(1)));
+        assert_eq!(arrival(2), (Some(2), Some(0)));
+        assert_eq!(arrival(3), (Some(3), Some(2)));
+        assert_eq!(doc["requests"][3]["decision"], "concurrency");
+        assert_eq!(doc["requests"][3]["hint_ms"], 1000);
+        assert_eq!(doc["requests"][3]["window_count"], Value::Null);
+
+        // Other dialects answer with their own rate-limit shape.
+        let mut i = info("k");
+        i.dialect = Dialect::Anthropic;
+        assert_eq!(st.decide(&i, now, sys).status, 429);
+        i.dialect = Dialect::Gemini;
+        assert_eq!(st.decide(&i, now, sys).outcome, Outcome::GeminiMinute);
+        assert_eq!(last(&st), ("concurrency".into(), 429, Some(1000)));
+
+        // One of "k" ends: the next is admitted; the maxima stay.
+        st.finish("k");
+        assert_eq!(st.decide(&info("k"), now, sys).status, 200);
+        assert_eq!(st.decide(&info("k"), now, sys).status, 429);
+        let doc = st.requests_json();
+        assert_eq!(doc["in_flight"], 3);
+        assert_eq!(doc["max_in_flight"], 3);
+
+        // With `retry_after: none` the 429 carries no hint at all (no dimension is exhausted).
+        st.set_scenario(scenario(r#"{"max_concurrency":1,"retry_after":"none"}"#));
+        assert_eq!(st.decide(&info("k"), now, sys).reason, Reason::Concurrency);
+        assert_eq!(last(&st), ("concurrency".into(), 429, None));
+
+        // Reset forgets the maxima but not what is still in flight.
+        st.finish("k");
+        st.finish("other");
+        st.reset();
+        let doc = st.requests_json();
+        assert_eq!(doc["in_flight"], 1);
+        assert_eq!(doc["max_in_flight"], 1);
+        assert_eq!(doc["max_in_flight_by_key"], json!({"k": 1}));
+        st.finish("k");
+        assert_eq!(st.requests_json()["in_flight"], 0);
+    }
+
+    #[test]
+    fn concurrency_limit_follows_targeting_and_precedence() {
+        let now = Instant::now();
+        let sys = SystemTime::now();
+        // Only the listed keys are limited.
+        let mut st = State::new(scenario(r#"{"max_concurrency":1,"keys":["a"]}"#));
+        for _ in 0..3 {
+            assert_eq!(st.decide(&info("b"), now, sys).status, 200);
+        }
+        assert_eq!(st.decide(&info("a"), now, sys).status, 200);
+        assert_eq!(st.decide(&info("a"), now, sys).reason, Reason::Concurrency);
+
+        // Each concurrency rejection uses one unit of `count`.
+        st.set_scenario(scenario(r#"{"max_concurrency":1,"count":1}"#));
+        st.decide(&info("c"), now, sys);
+        assert_eq!(st.decide(&info("c"), now, sys).reason, Reason::Concurrency);
+        assert_eq!(st.decide(&info("c"), now, sys).reason, Reason::Ok);
+
+        // A full window wins over concurrency (its hint says when), and the rejected request
+        // still counts in the window.
+        st.set_scenario(scenario(
+            r#"{"max_concurrency":1,"limit":{"requests":1,"window_ms":60000}}"#,
+        ));
+        assert_eq!(st.decide(&info("d"), now, sys).reason, Reason::Ok);
+        let w = st.decide(&info("d"), now, sys);
+        assert_eq!(w.reason, Reason::WindowFull);
+        assert!(!w.in_flight, "window rejections are not in flight");
+        assert!(w.hint_ms > CONCURRENCY_HINT_MS);
+
+        // The mode answers before concurrency is looked at; mode answers are not in flight.
+        st.set_scenario(scenario(r#"{"mode":"quota","max_concurrency":1}"#));
+        let q = st.decide(&info("e"), now, sys);
+        assert_eq!((q.reason, q.in_flight), (Reason::Mode, false));
+        assert_eq!(st.decide(&info("e"), now, sys).reason, Reason::Mode);
+        assert_eq!(st.requests_json()["max_in_flight_by_key"]["e"], Value::Null);
     }
 
     #[test]

@@ -1,0 +1,284 @@
+//! The state of one (pool, account) as the provider sees it, shared by every worker: whether it
+//! is cooling (the provider said "not now" until a deadline), and, once the cooldown ended,
+//! how fast traffic may come back (the pace). Pure functions over a fixed-width record; the
+//! policy reads and writes it with one compare-and-swap.
+//!
+//! Pacing, in short: a cooldown ends with one probe; its success opens `remaining` more
+//! releases when the provider reports it, else two per success (1, 2, 4, ...); a new "not now"
+//! cools again and the credits are gone. Pacing ends once the provider plainly has room.
+
+use crate::classify::Class;
+
+/// How long a released request may go unanswered before another one is let through: rate
+/// limiters answer at once, so a request unanswered this long was accepted (it is generating),
+/// and one whose holder vanished must not stall the account.
+pub const PROBE_PATIENCE_MS: u64 = 1000;
+/// Pacing ends when this many releases are open at once: the provider has plain room.
+pub const PACE_OPEN_AT: u64 = 64;
+/// Pacing left behind by traffic that stopped is forgotten after this long.
+pub const PACE_IDLE_MS: u64 = 60_000;
+
+/// A cooldown and its pace, as stored in shared data: 31 fixed-width bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CooldownRecord {
+    /// Until when the provider said "not now", Unix ms (0: not cooling).
+    pub deadline_ms: u64,
+    /// The provider's time in the answer that set the deadline.
+    pub period_ms: u32,
+    /// What returning clients are spread over: the longest period of the episode this
+    /// cooldown belongs to (see `merge`).
+    pub spread_ms: u32,
+    pub class: Class,
+    /// Consecutive failed cooldown rounds; a success resets it.
+    pub streak: u8,
+    pub pace: Pace,
+}
+
+/// How traffic comes back after a cooldown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Pace {
+    pub active: bool,
+    /// Releases open now.
+    pub credits: u16,
+    /// Released requests whose answer has not come yet.
+    pub out: u16,
+    /// The last release, Unix ms.
+    pub last_release_ms: u64,
+}
+
+impl CooldownRecord {
+    pub const LEN: usize = 31;
+
+    /// Not cooling, not pacing.
+    pub fn idle(class: Class) -> CooldownRecord {
+        CooldownRecord {
+            deadline_ms: 0,
+            period_ms: 0,
+            spread_ms: 0,
+            class,
+            streak: 0,
+            pace: Pace::default(),
+        }
+    }
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.deadline_ms.to_le_bytes());
+        out[8..12].copy_from_slice(&self.period_ms.to_le_bytes());
+        out[12..16].copy_from_slice(&self.spread_ms.to_le_bytes());
+        out[16] = self.class.to_byte();
+        out[17] = self.streak;
+        out[18] = u8::from(self.pace.active);
+        out[19..21].copy_from_slice(&self.pace.credits.to_le_bytes());
+        out[21..23].copy_from_slice(&self.pace.out.to_le_bytes());
+        out[23..31].copy_from_slice(&self.pace.last_release_ms.to_le_bytes());
+        out
+    }
+
+    /// None for bytes this code did not write.
+    pub fn decode(b: &[u8]) -> Option<CooldownRecord> {
+        if b.len() != Self::LEN || b[18] > 1 {
+            return None;
+        }
+        Some(CooldownRecord {
+            deadline_ms: u64::from_le_bytes(b[..8].try_into().ok()?),
+            period_ms: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            spread_ms: u32::from_le_bytes(b[12..16].try_into().ok()?),
+            class: Class::from_byte(b[16])?,
+            streak: b[17],
+            pace: Pace {
+                active: b[18] == 1,
+                credits: u16::from_le_bytes(b[19..21].try_into().ok()?),
+                out: u16::from_le_bytes(b[21..23].try_into().ok()?),
+                last_release_ms: u64::from_le_bytes(b[23..31].try_into().ok()?),
+            },
+        })
+    }
+
+    pub fn remaining_ms(&self, now_ms: u64) -> u64 {
+        self.deadline_ms.saturating_sub(now_ms)
+    }
+
+    /// Whether pacing still governs this (pool, account) at `now_ms`.
+    pub fn pacing(&self, now_ms: u64) -> bool {
+        self.pace.active
+            && now_ms
+                < self
+                    .deadline_ms
+                    .max(self.pace.last_release_ms)
+                    .saturating_add(PACE_IDLE_MS)
+    }
+}
+
+/// A new "not now" from the provider: cool for `ms` from `now_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub class: Class,
+    pub ms: u64,
+}
+
+/// The record after an answer: `wanted` is the cooldown it asks for (None: it gave no time),
+/// `streak` the failed rounds counting it, `jitter` the configured fraction clients were told
+/// on top of the provider's time. One row of `tests/cooldown_merge.rs` per case.
+pub fn merge(
+    old: Option<CooldownRecord>,
+    wanted: Option<Wanted>,
+    streak: u8,
+    now_ms: u64,
+    jitter: f64,
+) -> CooldownRecord {
+    let Some(w) = wanted else {
+        // No time given: the deadline stays, only the streak moves.
+        return match old {
+            Some(o) => CooldownRecord { streak, ..o },
+            None => CooldownRecord {
+                streak,
+                ..CooldownRecord::idle(Class::RateLimited)
+            },
+        };
+    };
+    let period = u32::try_from(w.ms).unwrap_or(u32::MAX);
+    let fresh = CooldownRecord {
+        deadline_ms: now_ms.saturating_add(w.ms),
+        period_ms: period,
+        spread_ms: period,
+        class: w.class,
+        streak,
+        pace: old.map(|o| o.pace).unwrap_or_default(),
+    };
+    let Some(o) = old else {
+        return fresh;
+    };
+    if o.deadline_ms >= fresh.deadline_ms {
+        // Re-cooling keeps the later deadline, never the shorter.
+        return CooldownRecord { streak, ..o };
+    }
+    let same_statement = o.class == w.class && o.period_ms == period;
+    if o.deadline_ms > now_ms
+        && same_statement
+        && (fresh.deadline_ms - o.deadline_ms) as f64 <= f64::from(o.period_ms) * jitter
+    {
+        // The answers of one burst arrive over tens or hundreds of milliseconds, each with the
+        // same "N s from now", and clients were already told N s plus up to `jitter` of it.
+        // Moving the deadline by less than that band would only turn away the clients that
+        // come back on time, after the provider has recovered.
+        return CooldownRecord { streak, ..o };
+    }
+    if o.class == w.class && o.deadline_ms.saturating_add(u64::from(o.spread_ms)) > now_ms {
+        // Soon after the previous cooldown ended, this one is part of the same episode (a
+        // window reopening a slot at a time): it keeps the episode's longest period as its
+        // spread, so clients answered in a short cooldown are not all sent back within a few
+        // milliseconds to collide at the next slot.
+        return CooldownRecord {
+            spread_ms: period.max(o.spread_ms),
+            ..fresh
+        };
+    }
+    fresh
+}
+
+/// Whether a request of this (pool, account) may go now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Nothing is cooling or pacing.
+    Open,
+    /// Cooling for `remaining_ms` more.
+    Cooling { class: Class, remaining_ms: u64 },
+    /// Released by the pace: the request took a release and must report its answer.
+    Released,
+    /// Pacing, and no release is open: wait for an answer (at most `retry_in_ms`).
+    Paced { retry_in_ms: u64 },
+}
+
+/// The gate for a request at `now_ms`, and the record to write when it took a release.
+/// `paced` is false when holding is off: then a cooldown's end lets everything through, as
+/// the gateway did before it could hold.
+pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<CooldownRecord>) {
+    if rec.deadline_ms > now_ms {
+        let gate = Gate::Cooling {
+            class: rec.class,
+            remaining_ms: rec.deadline_ms - now_ms,
+        };
+        return (gate, None);
+    }
+    if !paced || !rec.pacing(now_ms) {
+        return (Gate::Open, None);
+    }
+    let p = rec.pace;
+    let patience_over = now_ms >= p.last_release_ms.saturating_add(PROBE_PATIENCE_MS);
+    let pace = if p.credits > 0 {
+        Pace {
+            credits: p.credits - 1,
+            out: p.out.saturating_add(1),
+            last_release_ms: now_ms,
+            ..p
+        }
+    } else if p.out == 0 || patience_over {
+        // The probe: the first request after a cooldown, or one more after an answer that is
+        // long in coming.
+        Pace {
+            out: p.out.saturating_add(1),
+            last_release_ms: now_ms,
+            ..p
+        }
+    } else {
+        let retry_in_ms = p.last_release_ms + PROBE_PATIENCE_MS - now_ms;
+        return (Gate::Paced { retry_in_ms }, None);
+    };
+    (Gate::Released, Some(CooldownRecord { pace, ..rec }))
+}
+
+/// Give back a release that was taken but not used (a later gate of the same request refused).
+pub fn unpass(rec: CooldownRecord) -> CooldownRecord {
+    let p = rec.pace;
+    CooldownRecord {
+        pace: Pace {
+            credits: p.credits.saturating_add(1),
+            out: p.out.saturating_sub(1),
+            ..p
+        },
+        ..rec
+    }
+}
+
+/// What became of a released request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A success; `remaining` is the provider's remaining requests, when it said.
+    Success { remaining: Option<u64> },
+    /// The provider said "not now" again (the caller also merges the new cooldown).
+    NotNow,
+    /// Anything else: an error that is not a rate limit, or a stream that ended unanswered.
+    Other,
+}
+
+/// The pace after the answer of a released request (`released`: it took a release) or of any
+/// request while pacing.
+pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> CooldownRecord {
+    let mut p = rec.pace;
+    if released {
+        p.out = p.out.saturating_sub(1);
+    }
+    match answer {
+        Answer::NotNow => {
+            p.active = true;
+            p.credits = 0;
+        }
+        Answer::Success { .. } if !p.active => {}
+        Answer::Success { remaining } => {
+            let open = match remaining {
+                // What the provider has left, less what is already on its way to it.
+                Some(r) => r.saturating_sub(u64::from(p.out)),
+                // Slow start: each success brings its own release back and one more.
+                None => u64::from(p.credits) + 2,
+            };
+            if open >= PACE_OPEN_AT {
+                p = Pace::default();
+            } else {
+                p.credits = u16::try_from(open).unwrap_or(u16::MAX);
+            }
+        }
+        Answer::Other => {}
+    }
+    CooldownRecord { pace: p, ..rec }
+}

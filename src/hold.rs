@@ -1,0 +1,268 @@
+//! What one worker does with requests that cannot go now: hold them (nothing upstream, nothing
+//! to the client) while the wait is short enough, and let them go in arrival order as the
+//! gates open. A pure state machine driven by `now` and events; the host feeds it requests,
+//! ticks and departures and applies what it returns.
+//!
+//! Queues are per (pool, account): held requests of one (pool, account) leave in arrival
+//! order, and a new request never overtakes them on this worker. Across workers, the shared
+//! cooldown record's pace hands out releases one round at a time.
+
+use crate::metrics::{Counter, Gauge, Histogram};
+use crate::policy::{Admission, Blocked, Env, Flow, Governor};
+use crate::reply::LocalReply;
+use std::collections::{HashMap, VecDeque};
+
+/// A request being held.
+#[derive(Debug)]
+pub struct Held {
+    pub id: u32,
+    pub flow: Flow,
+    pub since_ms: u64,
+    /// It is answered locally at this moment if it has not gone by then.
+    pub deadline_ms: u64,
+    /// Why it waits, as of `blocked_at_ms`.
+    pub blocked: Blocked,
+    pub blocked_at_ms: u64,
+    /// The gates are not asked again before this.
+    pub next_check_ms: u64,
+}
+
+/// What became of a request handed to `Holds::request`.
+#[derive(Debug)]
+pub enum Step {
+    /// Forward it now.
+    Go(Flow),
+    /// Answer it locally now.
+    Reply(Flow, LocalReply),
+    /// It is held: pause it.
+    Held,
+}
+
+/// What the host must do for a held request after a tick.
+#[derive(Debug)]
+pub enum Release {
+    /// Resume it: it goes upstream with this flow.
+    Go { id: u32, flow: Flow },
+    /// Answer it locally.
+    Reply {
+        id: u32,
+        flow: Flow,
+        reply: LocalReply,
+    },
+}
+
+type QueueKey = (usize, u64);
+
+#[derive(Default)]
+pub struct Holds {
+    queues: HashMap<QueueKey, VecDeque<Held>>,
+    held: usize,
+}
+
+impl Holds {
+    pub fn new() -> Holds {
+        Holds::default()
+    }
+
+    /// Requests held now on this worker.
+    pub fn len(&self) -> usize {
+        self.held
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+
+    /// A new request. `budget_ms` is how long it may be held (`deadline::hold_budget_ms`).
+    pub fn request(
+        &mut self,
+        gov: &Governor,
+        mut flow: Flow,
+        budget_ms: u64,
+        id: u32,
+        env: &mut Env,
+    ) -> Step {
+        let key = (flow.pool, flow.account);
+        if let Some(last) = self.queues.get(&key).and_then(|q| q.back()) {
+            // Held requests of this (pool, account) go first: wait behind them.
+            let blocked = age(last.blocked, env.now_ms - last.blocked_at_ms);
+            return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);
+        }
+        match gov.admit(&mut flow, env) {
+            Admission::Go => Step::Go(flow),
+            Admission::Refuse(reply) => Step::Reply(flow, reply),
+            Admission::Wait(blocked) => self.hold_or_reply(gov, flow, blocked, budget_ms, id, env),
+        }
+    }
+
+    fn hold_or_reply(
+        &mut self,
+        gov: &Governor,
+        flow: Flow,
+        blocked: Blocked,
+        budget_ms: u64,
+        id: u32,
+        env: &mut Env,
+    ) -> Step {
+        let room = (self.held as u64) < gov.cfg.hold.max_held;
+        let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
+        if budget_ms == 0 || !room || !fits {
+            let reply = gov.reply_for(&flow, &blocked, env);
+            return Step::Reply(flow, reply);
+        }
+        let now = env.now_ms;
+        env.metrics.count(flow.pool, Counter::Held);
+        env.metrics.add(flow.pool, Gauge::HeldRequests, 1);
+        self.held += 1;
+        self.queues
+            .entry((flow.pool, flow.account))
+            .or_default()
+            .push_back(Held {
+                id,
+                flow,
+                since_ms: now,
+                deadline_ms: now.saturating_add(budget_ms),
+                blocked,
+                blocked_at_ms: now,
+                next_check_ms: now.saturating_add(blocked.recheck_in_ms()),
+            });
+        Step::Held
+    }
+
+    /// Ask the gates again for the heads of the queues that are due, and answer requests whose
+    /// wait outgrew their limit. Returns what the host must do, in order.
+    pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<Release> {
+        let now = env.now_ms;
+        let mut out = Vec::new();
+        for queue in self.queues.values_mut() {
+            // The heads, in arrival order, while the gates let them go.
+            let mut known_wait = None;
+            while let Some(head) = queue.front_mut() {
+                if now < head.next_check_ms && now < head.deadline_ms {
+                    known_wait = age(head.blocked, now - head.blocked_at_ms).wait_ms();
+                    break;
+                }
+                match gov.admit(&mut head.flow, env) {
+                    Admission::Go => {
+                        if let Some(h) = queue.pop_front() {
+                            out.push(released(h, now, env));
+                        }
+                    }
+                    Admission::Refuse(reply) => {
+                        if let Some(h) = queue.pop_front() {
+                            out.push(answered(h, Some(reply), now, gov, env));
+                        }
+                    }
+                    Admission::Wait(b) => {
+                        head.blocked = b;
+                        head.blocked_at_ms = now;
+                        head.next_check_ms = now.saturating_add(b.recheck_in_ms());
+                        known_wait = b.wait_ms();
+                        break;
+                    }
+                }
+            }
+            // Everyone whose limit passed, or whose limit the known wait outgrows, is answered
+            // now with the time that is left.
+            let before = queue.len();
+            let mut kept = VecDeque::with_capacity(before);
+            for h in queue.drain(..) {
+                let outgrown = known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms);
+                if now >= h.deadline_ms || outgrown {
+                    out.push(answered(h, None, now, gov, env));
+                } else {
+                    kept.push_back(h);
+                }
+            }
+            *queue = kept;
+        }
+        self.queues.retain(|_, q| !q.is_empty());
+        self.held = self.queues.values().map(VecDeque::len).sum();
+        out
+    }
+
+    /// The client went away (or the stream was reset) while held: forget it.
+    pub fn forget(&mut self, id: u32, env: &mut Env) -> Option<Flow> {
+        let mut found = None;
+        for queue in self.queues.values_mut() {
+            if let Some(at) = queue.iter().position(|h| h.id == id) {
+                found = queue.remove(at);
+                break;
+            }
+        }
+        let h = found?;
+        self.queues.retain(|_, q| !q.is_empty());
+        self.held -= 1;
+        env.metrics.add(h.flow.pool, Gauge::HeldRequests, -1);
+        Some(h.flow)
+    }
+}
+
+fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
+    let held_ms = now - h.since_ms;
+    h.flow.held_ms = Some(held_ms);
+    let pool = h.flow.pool;
+    env.metrics.count(pool, Counter::HoldReleased);
+    env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
+    env.metrics.add(pool, Gauge::HeldRequests, -1);
+    Release::Go {
+        id: h.id,
+        flow: h.flow,
+    }
+}
+
+/// Answer a held request locally: with `reply` when the gates gave one, else from why it
+/// waits, aged to now.
+fn answered(
+    mut h: Held,
+    reply: Option<LocalReply>,
+    now: u64,
+    gov: &Governor,
+    env: &mut Env,
+) -> Release {
+    let held_ms = now - h.since_ms;
+    h.flow.held_ms = Some(held_ms);
+    let pool = h.flow.pool;
+    env.metrics.count(pool, Counter::HoldExpired);
+    env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
+    env.metrics.add(pool, Gauge::HeldRequests, -1);
+    let reply = match reply {
+        Some(mut r) => {
+            r.held(held_ms);
+            r
+        }
+        None => gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env),
+    };
+    Release::Reply {
+        id: h.id,
+        flow: h.flow,
+        reply,
+    }
+}
+
+/// `b` as it stands `elapsed` ms later: known waits shrink (to at least 1 ms).
+fn age(b: Blocked, elapsed: u64) -> Blocked {
+    let shrink = |ms: u64| ms.saturating_sub(elapsed).max(1);
+    match b {
+        Blocked::Cooling {
+            class,
+            remaining_ms,
+        } => Blocked::Cooling {
+            class,
+            remaining_ms: shrink(remaining_ms),
+        },
+        Blocked::Bucket {
+            limit,
+            wait_ms,
+            remaining,
+        } => Blocked::Bucket {
+            limit,
+            wait_ms: shrink(wait_ms),
+            remaining,
+        },
+        Blocked::Paced { retry_in_ms } => Blocked::Paced {
+            retry_in_ms: shrink(retry_in_ms),
+        },
+        other => other,
+    }
+}

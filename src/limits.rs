@@ -1,0 +1,186 @@
+//! Local limits: request buckets, token budgets and `max_in_flight` slots, taken together or
+//! not at all. A request refused by one limit gives back what earlier limits gave it, so a
+//! held request that asks again on every tick never drains a bucket it does not use.
+
+use crate::bucket::{Bucket, Shape};
+use crate::config::LimitKind;
+use crate::inflight::{self, Slot, Slots};
+use crate::keys;
+use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
+use crate::store::{self, UpdateError};
+
+/// Something a request took from a limit, to give back if a later limit refuses it.
+enum Taken {
+    Token(usize, String),
+}
+
+impl Governor {
+    /// Take every limit of the flow, or none. Shared-data failures admit (fail-open) and count
+    /// `store_contention`: the governor never rejects traffic because of its own bookkeeping.
+    pub(crate) fn take_limits(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
+        let mut taken: Vec<Taken> = Vec::new();
+        let mut charges = Vec::new();
+        let mut slots = Vec::new();
+        for (i, limit) in self.cfg.limits.iter().enumerate() {
+            let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
+            let key = self.limit_key(i, key_id, flow.pool, env);
+            let now = env.now_ms;
+            let outcome = match limit.kind {
+                LimitKind::Requests | LimitKind::Tokens => {
+                    let shape = limit.shape();
+                    let kind = limit.kind;
+                    update_bucket(env, &key, shape, |b| match kind {
+                        LimitKind::Requests => {
+                            let (after, take) = b.take(shape, now, 1);
+                            ((after != b).then_some(after), take)
+                        }
+                        _ => (None, b.check(shape, now, 1)),
+                    })
+                    .map(|u| {
+                        if u.value.admitted {
+                            Ok(())
+                        } else {
+                            Err(Blocked::Bucket {
+                                limit: i,
+                                wait_ms: u.value.wait_ms,
+                                remaining: u.value.remaining,
+                            })
+                        }
+                    })
+                }
+                LimitKind::InFlight => {
+                    let epoch = inflight::epoch_of(now, limit.slot_lease_ms);
+                    let cap = limit.per_minute;
+                    store::update(env.store, &key, None, |cur| {
+                        let s = cur.and_then(Slots::decode).unwrap_or_default();
+                        match s.acquire(epoch, cap) {
+                            Some((after, slot)) => (Some(after.encode().to_vec()), Some(slot)),
+                            None => (None, None),
+                        }
+                    })
+                    .map(|u| match u.value {
+                        Some(slot) => {
+                            slots.push((i, key.clone(), slot));
+                            Ok(())
+                        }
+                        None => Err(Blocked::InFlight { limit: i }),
+                    })
+                }
+            };
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(blocked)) => {
+                    self.give_back(taken, &mut slots, flow.pool, env);
+                    return Err(blocked);
+                }
+                Err(e) => self.store_failed(flow.pool, &key, &e, env),
+            }
+            match limit.kind {
+                LimitKind::Requests => taken.push(Taken::Token(i, key)),
+                LimitKind::Tokens => charges.push((i, key)),
+                LimitKind::InFlight => {}
+            }
+        }
+        if !slots.is_empty() {
+            in_flight_moved(env, flow.pool, slots.len() as i64);
+        }
+        flow.charges = charges;
+        flow.slots = slots;
+        Ok(())
+    }
+
+    /// The shared-data key of (limit, key id); past `max_keys`, the limit's overflow key.
+    fn limit_key(&self, limit: usize, key_id: u64, pool: usize, env: &mut Env) -> String {
+        let l = &self.cfg.limits[limit];
+        let key = if holds_slot(l.kind) {
+            keys::slots_key(&l.name, key_id)
+        } else {
+            keys::bucket_key(&l.name, key_id)
+        };
+        if matches!(env.store.get(&key), Ok(Some(_)))
+            || self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env)
+        {
+            key
+        } else {
+            keys::overflow_bucket_key(&l.name)
+        }
+    }
+
+    fn give_back(
+        &self,
+        taken: Vec<Taken>,
+        slots: &mut Vec<(usize, String, Slot)>,
+        pool: usize,
+        env: &mut Env,
+    ) {
+        for Taken::Token(i, key) in taken {
+            let shape = self.cfg.limits[i].shape();
+            let now = env.now_ms;
+            if let Err(e) = update_bucket(env, &key, shape, |b| (Some(b.give(shape, now, 1)), ())) {
+                self.store_failed(pool, &key, &e, env);
+            }
+        }
+        for (i, key, slot) in slots.drain(..) {
+            self.release_slot(i, &key, slot, pool, env);
+        }
+    }
+
+    /// Give back every slot the flow holds (its stream ended).
+    pub(crate) fn release_slots(&self, flow: &mut Flow, env: &mut Env) {
+        let slots = std::mem::take(&mut flow.slots);
+        if slots.is_empty() {
+            return;
+        }
+        let n = slots.len() as i64;
+        for (i, key, slot) in slots {
+            self.release_slot(i, &key, slot, flow.pool, env);
+        }
+        in_flight_moved(env, flow.pool, -n);
+    }
+
+    fn release_slot(&self, limit: usize, key: &str, slot: Slot, pool: usize, env: &mut Env) {
+        let epoch = inflight::epoch_of(env.now_ms, self.cfg.limits[limit].slot_lease_ms);
+        let result = store::update(env.store, key, None, |cur| {
+            let write = cur
+                .and_then(Slots::decode)
+                .map(|s| s.release(slot, epoch).encode().to_vec());
+            (write, ())
+        });
+        if let Err(e) = result {
+            self.store_failed(pool, key, &e, env);
+        }
+    }
+
+    /// Charge the flow's token budgets with the tokens its response used.
+    pub fn on_usage(&self, flow: &Flow, tokens: u64, env: &mut Env) {
+        let now = env.now_ms;
+        for (i, key) in &flow.charges {
+            let shape = self.cfg.limits[*i].shape();
+            let result = update_bucket(env, key, shape, |b| {
+                (Some(b.charge(shape, now, tokens)), ())
+            });
+            if let Err(e) = result {
+                self.store_failed(flow.pool, key, &e, env);
+            }
+        }
+    }
+}
+
+/// Read-modify-write the token bucket at `key`, created full when missing (a stored value
+/// that is not a bucket reads as a full one). `step` returns the bucket to write, if any.
+fn update_bucket<T>(
+    env: &Env,
+    key: &str,
+    shape: Shape,
+    mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
+) -> Result<store::Updated<T>, UpdateError> {
+    let now = env.now_ms;
+    let init = Bucket::full(shape, now).encode();
+    store::update(env.store, key, Some(&init), |cur| {
+        let b = cur
+            .and_then(Bucket::decode)
+            .unwrap_or_else(|| Bucket::full(shape, now));
+        let (write, value) = step(b);
+        (write.map(|b| b.encode().to_vec()), value)
+    })
+}
