@@ -85,13 +85,13 @@ impl Blocked {
         }
     }
 
-    /// When to ask again, at the latest.
+    /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
+    /// end, on any worker) are asked again on every tick.
     pub fn recheck_in_ms(&self) -> u64 {
         match *self {
             Blocked::Cooling { remaining_ms, .. } => remaining_ms,
             Blocked::Bucket { wait_ms, .. } => wait_ms,
-            Blocked::Paced { retry_in_ms } => retry_in_ms,
-            Blocked::InFlight { .. } => 0,
+            Blocked::Paced { .. } | Blocked::InFlight { .. } => 0,
         }
     }
 }
@@ -488,6 +488,13 @@ impl Governor {
         }
         self.govern(flow, status, headers, &[], &snap, env)
             .map_or(ResponseStep::Pass, ResponseStep::Rewrite)
+    }
+
+    /// Envoy answered this request itself (an upstream reset or connect failure, a timeout):
+    /// not the provider's word, so nothing is classified or cooled. The pace only learns that
+    /// the released request will not answer.
+    pub fn on_envoy_response(&self, flow: &mut Flow, env: &mut Env) {
+        self.answer_pace(flow, Answer::Other, env);
     }
 
     /// The (bounded prefix of the) error body of a held response arrived.

@@ -37,6 +37,8 @@ NO_COOLDOWN = {
     "cooldown": {"enabled": False},
 }
 DEFAULTS = {"pools": POOLS}
+# The defaults without holding: for the tests of what a local answer says (test_hold.py holds).
+NO_HOLD = {"pools": POOLS, "hold": {"max_ms": 0}}
 
 governor = pytest.fixture(scope="module", name="governor")(module_envoy(NO_COOLDOWN))
 
@@ -563,6 +565,11 @@ def governor_defaults(simulator):
     yield from module_envoy(DEFAULTS)(simulator)
 
 
+@pytest.fixture(scope="module")
+def governor_no_hold(simulator):
+    yield from module_envoy(NO_HOLD)(simulator)
+
+
 SDK_TRANSIENT = {
     "openai": (openai_client, openai_call),
     "anthropic": (anthropic_client, anthropic_call),
@@ -589,8 +596,8 @@ def test_sdk_waits_as_told_and_succeeds(governor_defaults, sim, sdk):
 # Cooldown: while the provider says "not now", the gateway answers for it
 
 
-def test_cooldown_answers_locally_until_the_provider_time(governor_defaults, sim):
-    envoy = governor_defaults
+def test_cooldown_answers_locally_until_the_provider_time(governor_no_hold, sim):
+    envoy = governor_no_hold
     key, other_key = new_key(), new_key()
     sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
     local_before = counter(envoy, "openai", "local_reject_cooldown")
@@ -616,8 +623,8 @@ def test_cooldown_answers_locally_until_the_provider_time(governor_defaults, sim
     assert send(envoy.url, "openai", other_key).status_code == 200
 
 
-def test_quota_answer_is_remembered_and_answered_locally(governor_defaults, sim):
-    envoy = governor_defaults
+def test_quota_answer_is_remembered_and_answered_locally(governor_no_hold, sim):
+    envoy = governor_no_hold
     key = new_key()
     sim.scenario({"mode": "quota", "keys": [key]})
     local_before = counter(envoy, "anthropic", "local_reject_quota")
@@ -637,7 +644,7 @@ def test_quota_answer_is_remembered_and_answered_locally(governor_defaults, sim)
 
 
 def test_cap_shortens_what_clients_are_told_never_the_cooldown(envoy_factory, sim):
-    envoy = envoy_factory({"pools": POOLS, "retry_after": {"max_ms": 1000, "jitter": JITTER}})
+    envoy = envoy_factory({"pools": POOLS, "retry_after": {"max_ms": 1000, "jitter": JITTER}, "hold": {"max_ms": 0}})
     key = new_key()
     sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 4, "keys": [key]})
 

@@ -28,6 +28,8 @@ BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 
 BURST = 5
 PER_MINUTE = 60
+# These tests are about the local answers of an empty bucket; holding would wait them out.
+NO_HOLD = {"max_ms": 0}
 TENANT_RPM = {
     "name": "tenant-rpm",
     "key": "header:x-tenant-id",
@@ -98,7 +100,7 @@ def report_observed():
 
 @pytest.mark.parametrize("concurrency", [2, 4])
 def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
-    envoy = envoy_factory({"pools": POOLS, "limits": [TENANT_RPM]}, concurrency=concurrency)
+    envoy = envoy_factory({"pools": POOLS, "limits": [TENANT_RPM], "hold": NO_HOLD}, concurrency=concurrency)
     rounds = OBSERVED.setdefault(concurrency, [])
     rejected_total = 0
 
@@ -145,7 +147,7 @@ SLOW = {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute"
 
 
 def test_requests_without_the_header_share_one_bucket(envoy_factory, sim):
-    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW]}, concurrency=2)
+    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW], "hold": NO_HOLD}, concurrency=2)
     api_keys = [fresh("sk-nohdr") for _ in range(6)]
 
     # One request at a time, each on its own connection (so on either worker), each from a
@@ -173,7 +175,7 @@ OVERFLOW_PHASE = 450
 
 
 def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
-    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": MAX_KEYS}, concurrency=2)
+    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": MAX_KEYS, "hold": NO_HOLD}, concurrency=2)
     first_key, overflow_key = fresh("sk-own"), fresh("sk-over")
     first_tenants = [fresh("t-own") for _ in range(OWN_KEYS_PHASE)]
     overflow_tenants = [fresh("t-over") for _ in range(OVERFLOW_PHASE)]
@@ -213,7 +215,7 @@ def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
 
 
 def test_tenant_keys_cannot_switch_off_cooldowns(envoy_factory, sim):
-    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": 20}, concurrency=2)
+    envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": 20, "hold": NO_HOLD}, concurrency=2)
     filler, account = fresh("sk-fill"), fresh("sk-cooled")
     tenant = fresh("t")
     post_concurrently(envoy.url, [[job(filler, fresh("t-fill")) for _ in range(20)]])

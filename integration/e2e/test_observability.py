@@ -31,7 +31,9 @@ POOLS = [
 ]
 # A pool of its own for the histogram check, so no other test's delays land in its buckets.
 HISTOGRAM_POOL = {"name": "histo", "match": {"header": {"name": "x-obs-pool", "value": "histo"}}, "dialect": "openai"}
-CONFIG = {"pools": [HISTOGRAM_POOL, *POOLS]}  # defaults otherwise: jitter 0.2, cooldowns and preemptive pacing on
+# Defaults otherwise: jitter 0.2, cooldowns and preemptive pacing on. Holding is off: these tests
+# read what local answers and their stats say (test_hold.py covers holding).
+CONFIG = {"pools": [HISTOGRAM_POOL, *POOLS], "hold": {"max_ms": 0}}
 JITTER = 0.2
 
 SHIPPED_CONFIG = REPO_ROOT / "envoy" / "envoy.yaml"

@@ -81,6 +81,12 @@ extern "C" {
     fn proxy_set_effective_context(context_id: u32) -> Status;
     fn proxy_continue_stream(stream_type: u32) -> Status;
     fn proxy_set_tick_period_milliseconds(period: u32) -> Status;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> Status;
     fn proxy_set_property(
         path_data: *const u8,
         path_size: usize,
@@ -215,6 +221,18 @@ pub fn resume_response() -> HostResult<()> {
 
 pub fn set_tick_period_ms(ms: u32) -> HostResult<()> {
     check(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+/// Read a stream property (`response.code_details`, ...); None when Envoy has none.
+pub fn get_property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+    let p = path.join("\0");
+    let mut ptr = null_mut();
+    let mut size = 0;
+    match unsafe { proxy_get_property(p.as_ptr(), p.len(), &mut ptr, &mut size) } {
+        Status::Ok => Ok(Some(unsafe { owned(ptr, size) })),
+        Status::NotFound | Status::Empty => Ok(None),
+        other => Err(HostError(other)),
+    }
 }
 
 /// Set a filter-state property (readable by access logs as `%FILTER_STATE(...)%`).

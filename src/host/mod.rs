@@ -5,6 +5,7 @@
 mod abi;
 mod adapters;
 
+use crate::classify;
 use crate::config;
 use crate::deadline;
 use crate::headers::Headers;
@@ -281,6 +282,15 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+/// Whether the current response came from the upstream (`response.code_details` is
+/// `via_upstream`) rather than from Envoy itself. Unknown counts as upstream, as before.
+fn from_upstream() -> bool {
+    match abi::get_property(&["response", "code_details"]) {
+        Ok(Some(details)) => details == b"via_upstream",
+        _ => true,
     }
 }
 
@@ -610,6 +620,12 @@ impl HttpContext for Filter {
             .unwrap_or(0);
         let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
         let now = abi::now_ms();
+        if classify::is_governed_status(status) && !from_upstream() {
+            // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
+            // provider saying "not now": leave it ungoverned.
+            shared.with_env(now, |g, env| g.on_envoy_response(flow, env));
+            return Action::Continue;
+        }
         let body_available = shared.body_callbacks_expected(now);
         let step = shared.with_env(now, |g, env| {
             g.on_response_headers(

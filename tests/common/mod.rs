@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use llm_governor::config;
+use llm_governor::deadline;
 use llm_governor::headers::{owned, Headers};
+use llm_governor::hold::{Holds, Release, Step};
 use llm_governor::metrics::Recorded;
 use llm_governor::policy::{
     Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
@@ -22,6 +24,8 @@ impl Random for FixedRng {
 
 pub struct Host {
     pub governor: Governor,
+    /// One worker's held requests.
+    pub holds: Holds,
     pub store: MemStore,
     pub metrics: Recorded,
     pub rng: FixedRng,
@@ -38,6 +42,7 @@ impl Host {
         };
         Host {
             governor: Governor::new(cfg),
+            holds: Holds::new(),
             store: MemStore::new(),
             metrics: Recorded::default(),
             rng: FixedRng(0.0),
@@ -106,6 +111,94 @@ impl Host {
         }
     }
 
+    /// A request as the host hands it to the hold state machine, with stream id `id`.
+    pub fn arrive(&mut self, id: u32, path: &str, headers: &[(&str, &str)]) -> Step {
+        let hs = owned(headers);
+        let view = RequestView {
+            path: path.as_bytes(),
+            authority: b"api.example.com",
+            headers: Headers::new(&hs),
+        };
+        let flow = self.governor.flow_for(&view);
+        let budget = deadline::hold_budget_ms(&self.governor.cfg.hold, &view.headers);
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        self.holds
+            .request(&self.governor, flow, budget, id, &mut env)
+    }
+
+    /// The worker's tick at the current time.
+    pub fn tick(&mut self) -> Vec<Release> {
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        self.holds.tick(&self.governor, &mut env)
+    }
+
+    /// A held client went away.
+    pub fn leave(&mut self, id: u32) -> Option<Flow> {
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        self.holds.forget(id, &mut env)
+    }
+
+    /// A response to a flow the test keeps (its pace and slot bookkeeping move with it).
+    pub fn answer(
+        &mut self,
+        flow: &mut Flow,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Option<Governed> {
+        let hs = owned(headers);
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        match self.governor.on_response_headers(
+            flow,
+            status,
+            &Headers::new(&hs),
+            body.is_empty(),
+            true,
+            &mut env,
+        ) {
+            ResponseStep::Pass => None,
+            ResponseStep::Rewrite(g) => Some(g),
+            ResponseStep::NeedBody => self.governor.on_response_body(
+                flow,
+                status,
+                &Headers::new(&hs),
+                body.as_bytes(),
+                &mut env,
+            ),
+        }
+    }
+
+    /// The stream of `flow` ended (however it ended).
+    pub fn end(&mut self, flow: &mut Flow) {
+        let mut env = Env {
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            now_ms: self.now_ms,
+        };
+        self.governor.on_stream_end(flow, None, &mut env);
+    }
+
     pub fn advance(&mut self, ms: u64) {
         self.now_ms += ms;
     }
@@ -116,4 +209,37 @@ pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
         .find(|(n, _)| *n == name)
         .map(|(_, v)| v.as_str())
         .unwrap_or_else(|| panic!("missing header {name}"))
+}
+
+/// The ids of the requests a tick let go, in order.
+pub fn gone(releases: &[Release]) -> Vec<u32> {
+    releases
+        .iter()
+        .filter_map(|r| match r {
+            Release::Go { id, .. } => Some(*id),
+            Release::Reply { .. } => None,
+        })
+        .collect()
+}
+
+/// The ids of the requests a tick answered locally, in order.
+pub fn answered(releases: &[Release]) -> Vec<u32> {
+    releases
+        .iter()
+        .filter_map(|r| match r {
+            Release::Reply { id, .. } => Some(*id),
+            Release::Go { .. } => None,
+        })
+        .collect()
+}
+
+/// The flows a tick let go, by id.
+pub fn flows(releases: Vec<Release>) -> Vec<(u32, Flow)> {
+    releases
+        .into_iter()
+        .filter_map(|r| match r {
+            Release::Go { id, flow } => Some((id, flow)),
+            Release::Reply { .. } => None,
+        })
+        .collect()
 }

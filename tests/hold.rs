@@ -1,0 +1,410 @@
+//! Holding requests through short waits, driven natively with a fake clock: one worker's
+//! hold state machine over the in-memory shared store, exactly as the host drives it.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{answered, flows, gone, header, Host};
+use llm_governor::config::Hold;
+use llm_governor::deadline;
+use llm_governor::headers::{owned, Headers};
+use llm_governor::hold::{Release, Step};
+use llm_governor::metrics::{Counter, Gauge};
+use llm_governor::policy::Flow;
+
+const CFG: &str = r#"{"pools": [
+  {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
+]}"#;
+const PATH: &str = "/v1/chat/completions";
+const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
+const QUOTA: &str =
+    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
+const A: (&str, &str) = ("authorization", "Bearer sk-a");
+const B: (&str, &str) = ("authorization", "Bearer sk-b");
+
+/// Cool account A for `secs` with one upstream 429.
+fn cool(host: &mut Host, secs: &str) {
+    let f = host.forward(PATH, &[A]);
+    host.respond(&f, 429, &[("retry-after", secs)], RL);
+}
+
+fn held(step: Step) {
+    assert!(matches!(step, Step::Held), "expected held, got {step:?}");
+}
+
+fn reply_headers(step: Step) -> Vec<(&'static str, String)> {
+    match step {
+        Step::Reply(_, r) => r.headers,
+        other => panic!("expected a local answer, got {other:?}"),
+    }
+}
+
+fn go(step: Step) -> Flow {
+    match step {
+        Step::Go(f) => f,
+        other => panic!("expected to go, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "3");
+    for id in 1..=5 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    assert_eq!(host.metrics.count_of(0, Counter::Held), 5);
+    assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 5);
+    host.advance(2_999);
+    assert!(
+        host.tick().is_empty(),
+        "nothing leaves before the provider's time"
+    );
+    host.advance(1);
+    let mut probe = flows(host.tick());
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].0, 1, "the first to arrive is the probe");
+    assert_eq!(probe[0].1.held_ms, Some(3_000));
+    host.advance(50);
+    assert!(
+        host.tick().is_empty(),
+        "the rest wait for the probe's answer"
+    );
+    host.answer(
+        &mut probe[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "2")],
+        "",
+    );
+    let next = host.tick();
+    assert_eq!(
+        gone(&next),
+        [2, 3],
+        "remaining 2: two more, in arrival order"
+    );
+    assert!(host.tick().is_empty());
+    assert_eq!(host.metrics.count_of(0, Counter::HoldReleased), 3);
+    assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 2);
+}
+
+#[test]
+fn without_a_remaining_header_releases_double_with_each_success() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    for id in 1..=10 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    host.advance(1_000);
+    let mut rounds = Vec::new();
+    for _ in 0..4 {
+        let out = flows(host.tick());
+        rounds.push(out.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+        for (_, mut f) in out {
+            host.answer(&mut f, 200, &[], "");
+        }
+        host.advance(20);
+    }
+    assert_eq!(
+        rounds,
+        [vec![1], vec![2, 3], vec![4, 5, 6, 7], vec![8, 9, 10]]
+    );
+}
+
+#[test]
+fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    for id in 1..=3 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    host.advance(1_000);
+    let mut probe = flows(host.tick());
+    assert_eq!(probe.len(), 1);
+    host.answer(&mut probe[0].1, 429, &[("retry-after", "2")], RL);
+    host.advance(1_999);
+    assert!(host.tick().is_empty());
+    host.advance(1);
+    assert_eq!(
+        gone(&host.tick()),
+        [2],
+        "one probe again after the new cooldown"
+    );
+}
+
+#[test]
+fn an_unanswered_probe_lets_one_more_go_after_the_patience() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    for id in 1..=3 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    host.advance(1_000);
+    assert_eq!(gone(&host.tick()), [1]);
+    host.advance(999);
+    assert!(host.tick().is_empty());
+    host.advance(1);
+    assert_eq!(
+        gone(&host.tick()),
+        [2],
+        "a probe still generating was accepted"
+    );
+}
+
+#[test]
+fn a_new_request_never_overtakes_held_ones() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    held(host.arrive(1, PATH, &[A]));
+    host.advance(1_000);
+    // The cooldown is over, but request 1 has not been let go yet: 2 queues behind it.
+    held(host.arrive(2, PATH, &[A]));
+    assert_eq!(gone(&host.tick()), [1]);
+    // Another account is not held behind account A.
+    go(host.arrive(3, PATH, &[B]));
+}
+
+#[test]
+fn the_clients_deadline_bounds_the_hold() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "5");
+    // A 3 s client meeting a 5 s cooldown: 3 s - 2 s margin = 1 s < 5 s, answered at once.
+    let h = reply_headers(host.arrive(1, PATH, &[A, ("x-stainless-read-timeout", "3")]));
+    assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
+    assert!(!h.iter().any(|(n, _)| *n == "x-llm-governor-held-ms"));
+    // A 60 s client is held (10 s max) and goes when the cooldown ends.
+    held(host.arrive(2, PATH, &[A, ("x-stainless-read-timeout", "60")]));
+    host.advance(5_000);
+    let out = flows(host.tick());
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.held_ms, Some(5_000));
+}
+
+#[test]
+fn quota_exhaustion_is_never_held() {
+    let mut host = Host::new(CFG);
+    let f = host.forward(PATH, &[A]);
+    host.respond(&f, 429, &[], QUOTA);
+    let h = reply_headers(host.arrive(1, PATH, &[A]));
+    assert_eq!(header(&h, "x-should-retry"), "false");
+    assert_eq!(header(&h, "x-llm-governor-class"), "quota_exhausted");
+    assert_eq!(host.metrics.count_of(0, Counter::Held), 0);
+}
+
+#[test]
+fn past_max_held_requests_are_answered_at_once() {
+    let mut host = Host::new(
+        r#"{"hold": {"max_held": 2}, "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}]}"#,
+    );
+    cool(&mut host, "2");
+    held(host.arrive(1, PATH, &[A]));
+    held(host.arrive(2, PATH, &[A]));
+    let h = reply_headers(host.arrive(3, PATH, &[A]));
+    assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
+    assert_eq!(host.holds.len(), 2);
+}
+
+#[test]
+fn hold_off_answers_every_wait_at_once_and_lets_everything_go_after_a_cooldown() {
+    let mut host = Host::new(
+        r#"{"hold": {"max_ms": 0}, "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}]}"#,
+    );
+    cool(&mut host, "2");
+    let h = reply_headers(host.arrive(1, PATH, &[A]));
+    assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
+    host.advance(2_000);
+    for id in 2..=4 {
+        go(host.arrive(id, PATH, &[A]));
+    }
+}
+
+#[test]
+fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "3");
+    let mut racing = host.forward(PATH, &[B]); // another account, unaffected
+    held(host.arrive(1, PATH, &[A]));
+    // Another worker's request meets a 20 s "not now" for account A.
+    let f = host.forward(PATH, &[("authorization", "Bearer sk-c")]);
+    drop(f);
+    host.advance(100);
+    let mut other = Flow {
+        ..host.forward(PATH, &[B])
+    };
+    other.account = host.governor.account_of(&Headers::new(&owned(&[A])));
+    host.answer(&mut other, 429, &[("retry-after", "20")], RL);
+    host.advance(2_900);
+    let out = host.tick();
+    assert_eq!(answered(&out), [1]);
+    let Release::Reply { reply, .. } = &out[0] else {
+        panic!("expected a local answer");
+    };
+    assert_eq!(header(&reply.headers, "x-llm-governor-held-ms"), "3000");
+    // 20 s from 100 ms in, answered at 3 s: 17.1 s left, plus jitter of the 20 s period.
+    let ms: u64 = header(&reply.headers, "retry-after-ms")
+        .parse()
+        .unwrap_or(0);
+    assert_eq!(ms, 17_100, "rng fixed at 0: exactly the time left");
+    assert_eq!(host.metrics.count_of(0, Counter::HoldExpired), 1);
+    assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 0);
+    host.end(&mut racing);
+}
+
+#[test]
+fn a_client_that_leaves_while_held_is_forgotten() {
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    held(host.arrive(1, PATH, &[A]));
+    held(host.arrive(2, PATH, &[A]));
+    assert!(host.leave(1).is_some());
+    assert!(host.leave(1).is_none(), "forgotten once");
+    assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 1);
+    host.advance(1_000);
+    assert_eq!(gone(&host.tick()), [2], "the one who stayed is the probe");
+}
+
+const CAP: &str = r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}],
+  "limits": [{"name": "cap", "key": "account", "max_in_flight": 2}]}"#;
+
+#[test]
+fn max_in_flight_holds_the_next_until_a_stream_ends() {
+    let mut host = Host::new(CAP);
+    let mut f1 = go(host.arrive(1, PATH, &[A]));
+    let mut f2 = go(host.arrive(2, PATH, &[A]));
+    held(host.arrive(3, PATH, &[A]));
+    go(host.arrive(4, PATH, &[B]));
+    assert_eq!(host.metrics.sum(0, Gauge::InFlight), 3);
+    host.advance(20);
+    assert!(host.tick().is_empty());
+    // However the stream ends (a reset here: no answer at all), its slot comes back.
+    host.end(&mut f1);
+    host.end(&mut f1);
+    let mut f3 = flows(host.tick());
+    assert_eq!(f3.len(), 1);
+    assert_eq!(f3[0].0, 3);
+    host.answer(&mut f2, 200, &[], "");
+    host.end(&mut f2);
+    host.end(&mut f3[0].1);
+    assert_eq!(
+        host.metrics.sum(0, Gauge::InFlight),
+        1,
+        "only account B's is left"
+    );
+}
+
+#[test]
+fn a_full_cap_answered_locally_says_limit() {
+    let mut host = Host::new(
+        r#"{"hold": {"max_ms": 0}, "limits": [{"name": "cap", "key": "account", "max_in_flight": 1}]}"#,
+    );
+    go(host.arrive(1, PATH, &[A]));
+    let h = reply_headers(host.arrive(2, PATH, &[A]));
+    assert_eq!(header(&h, "x-llm-governor-source"), "limit");
+    assert_eq!(header(&h, "retry-after-ms"), "1000");
+    assert_eq!(host.metrics.count_of(0, Counter::LocalRejectLimit), 1);
+}
+
+#[test]
+fn a_request_refused_by_a_later_limit_gives_back_what_earlier_ones_gave() {
+    let mut host = Host::new(
+        r#"{"limits": [
+          {"name": "rpm", "key": "account", "requests_per_minute": 600, "burst": 2},
+          {"name": "cap", "key": "account", "max_in_flight": 1}]}"#,
+    );
+    let mut f1 = go(host.arrive(1, PATH, &[A]));
+    held(host.arrive(2, PATH, &[A]));
+    // Frozen clock: no refill. Each tick asks both limits again; without the give-back the
+    // bucket's last token would be gone after the first tick.
+    for _ in 0..5 {
+        assert!(host.tick().is_empty());
+    }
+    host.end(&mut f1);
+    assert_eq!(gone(&host.tick()), [2], "the bucket still had its token");
+    match host.arrive(3, PATH, &[A]) {
+        Step::Held => {}
+        other => panic!("the bucket is empty now: expected held, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_empty_bucket_holds_until_it_refills() {
+    let mut host = Host::new(
+        r#"{"limits": [{"name": "rpm", "key": "account", "requests_per_minute": 60, "burst": 1}]}"#,
+    );
+    go(host.arrive(1, PATH, &[A]));
+    held(host.arrive(2, PATH, &[A]));
+    host.advance(999);
+    assert!(host.tick().is_empty());
+    host.advance(1);
+    let out = flows(host.tick());
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.held_ms, Some(1_000));
+}
+
+/// Raw header pairs (values may be any bytes).
+type RawHeaders<'a> = &'a [(&'a str, &'a [u8])];
+
+fn budget(cfg: &Hold, headers: RawHeaders) -> u64 {
+    let hs: Vec<(String, Vec<u8>)> = headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_vec()))
+        .collect();
+    deadline::hold_budget_ms(cfg, &Headers::new(&hs))
+}
+
+#[test]
+fn deadline_headers_are_read_safely() {
+    let cfg = llm_governor::config::Config::default().hold;
+    let rows: &[(RawHeaders, u64)] = &[
+        (&[], 10_000),
+        (&[("x-stainless-read-timeout", b"600")], 10_000),
+        (&[("x-stainless-read-timeout", b"5")], 3_000),
+        (&[("x-stainless-read-timeout", b"5.5")], 3_500),
+        (&[("x-stainless-read-timeout", b"2")], 0),
+        (&[("x-stainless-read-timeout", b"1")], 0),
+        (&[("x-stainless-timeout", b"4")], 2_000),
+        (&[("x-envoy-expected-rq-timeout-ms", b"4500")], 2_500),
+        // The first present header wins.
+        (
+            &[
+                ("x-stainless-timeout", b"4"),
+                ("x-stainless-read-timeout", b"6"),
+            ],
+            4_000,
+        ),
+        // Malformed values are ignored: the next header, or the plain maximum.
+        (&[("x-stainless-read-timeout", b"-5")], 10_000),
+        (&[("x-stainless-read-timeout", b"NaN")], 10_000),
+        (&[("x-stainless-read-timeout", b"inf")], 10_000),
+        (&[("x-stainless-read-timeout", b"1e3")], 10_000),
+        (&[("x-stainless-read-timeout", b"\xff\xfe")], 10_000),
+        (
+            &[
+                ("x-stainless-read-timeout", b"abc"),
+                ("x-stainless-timeout", b"3"),
+            ],
+            1_000,
+        ),
+        // Huge is still bounded by hold.max_ms.
+        (
+            &[("x-stainless-read-timeout", b"99999999999999999999999")],
+            10_000,
+        ),
+        // Duplicated: the shortest counts.
+        (
+            &[
+                ("x-stainless-read-timeout", b"60"),
+                ("x-stainless-read-timeout", b"4"),
+            ],
+            2_000,
+        ),
+    ];
+    for (headers, want) in rows {
+        assert_eq!(budget(&cfg, headers), *want, "{headers:?}");
+    }
+    let off = Hold {
+        max_ms: 0,
+        ..cfg.clone()
+    };
+    assert_eq!(budget(&off, &[]), 0);
+}
