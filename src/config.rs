@@ -86,6 +86,11 @@ pub struct Pool {
     pub name: String,
     pub matcher: Match,
     pub dialect: Dialect,
+    /// Pools that can serve the same requests, in order of preference (indices into `pools`).
+    pub fallback: Vec<usize>,
+    /// The account of a pool whose credential Envoy injects, as a label (hashed like a
+    /// credential); None: the client's own credential is the account.
+    pub account: Option<String>,
 }
 
 /// All given conditions must hold; an empty match matches every request.
@@ -190,6 +195,8 @@ fn default_pool() -> Pool {
         name: DEFAULT_POOL.to_string(),
         matcher: Match::default(),
         dialect: Dialect::Auto,
+        fallback: Vec::new(),
+        account: None,
     }
 }
 
@@ -216,8 +223,9 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if let Some(v) = obj.get("pools") {
         let items = array(v, "pools", MAX_POOLS)?;
         let mut pools = Vec::with_capacity(items.len() + 1);
+        let mut fallbacks = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let pool = parse_pool(item, &format!("pools[{i}]"))?;
+            let (pool, fallback) = parse_pool(item, &format!("pools[{i}]"))?;
             if pools.iter().any(|p: &Pool| p.name == pool.name) {
                 return Err(err(
                     &format!("pools[{i}].name"),
@@ -225,7 +233,9 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
                 ));
             }
             pools.push(pool);
+            fallbacks.push(fallback);
         }
+        resolve_fallbacks(&mut pools, &fallbacks)?;
         pools.push(default_pool());
         cfg.pools = pools;
     }
@@ -331,9 +341,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-fn parse_pool(v: &Value, at: &str) -> Result<Pool, ConfigError> {
+/// A pool as written, and the names its `fallback` lists (resolved once every pool is known).
+fn parse_pool(v: &Value, at: &str) -> Result<(Pool, Vec<String>), ConfigError> {
     let o = Obj::new(v, at)?;
-    o.only(&["name", "match", "dialect"])?;
+    o.only(&["name", "match", "dialect", "fallback", "account"])?;
     let name = match o.get("name") {
         Some(v) => stat_name(v, &format!("{at}.name"))?,
         None => return Err(err(&format!("{at}.name"), "is required".into())),
@@ -393,11 +404,75 @@ fn parse_pool(v: &Value, at: &str) -> Result<Pool, ConfigError> {
         }
         None => Dialect::Auto,
     };
-    Ok(Pool {
+    let mut fallback = Vec::new();
+    if let Some(v) = o.get("fallback") {
+        for (i, item) in array(v, &format!("{at}.fallback"), MAX_POOLS)?
+            .iter()
+            .enumerate()
+        {
+            fallback.push(string(item, &format!("{at}.fallback[{i}]"))?.to_string());
+        }
+    }
+    let account = match o.get("account") {
+        Some(v) => {
+            let s = string(v, &format!("{at}.account"))?;
+            if s.trim().is_empty() {
+                return Err(err(&format!("{at}.account"), "must not be empty".into()));
+            }
+            Some(s.to_string())
+        }
+        None => None,
+    };
+    let pool = Pool {
         name,
         matcher,
         dialect,
-    })
+        fallback: Vec::new(),
+        account,
+    };
+    Ok((pool, fallback))
+}
+
+/// Turn fallback names into pool indices: unknown names, a pool listing itself or another
+/// twice, and cycles (a pool reachable from itself through fallbacks) are refused.
+fn resolve_fallbacks(pools: &mut [Pool], names: &[Vec<String>]) -> Result<(), ConfigError> {
+    for (i, list) in names.iter().enumerate() {
+        let mut resolved = Vec::with_capacity(list.len());
+        for (j, name) in list.iter().enumerate() {
+            let at = format!("pools[{i}].fallback[{j}]");
+            let Some(k) = pools.iter().position(|p| &p.name == name) else {
+                return Err(err(&at, format!("unknown pool {name:?}")));
+            };
+            if k == i {
+                return Err(err(&at, "a pool cannot be its own fallback".into()));
+            }
+            if resolved.contains(&k) {
+                return Err(err(&at, format!("{name:?} is listed twice")));
+            }
+            resolved.push(k);
+        }
+        pools[i].fallback = resolved;
+    }
+    for start in 0..pools.len() {
+        // Depth-first walk from `start`; reaching `start` again is a cycle.
+        let mut stack: Vec<usize> = pools[start].fallback.clone();
+        let mut seen = vec![false; pools.len()];
+        while let Some(k) = stack.pop() {
+            if k == start {
+                return Err(err(
+                    &format!("pools[{start}].fallback"),
+                    format!(
+                        "cycle: {:?} falls back to itself through other pools",
+                        pools[start].name
+                    ),
+                ));
+            }
+            if !std::mem::replace(&mut seen[k], true) {
+                stack.extend(pools[k].fallback.iter().copied());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn parse_limit(v: &Value, at: &str) -> Result<Limit, ConfigError> {

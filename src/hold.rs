@@ -90,7 +90,6 @@ impl Holds {
         }
         match gov.admit(&mut flow, env) {
             Admission::Go => Step::Go(flow),
-            Admission::Refuse(reply) => Step::Reply(flow, reply),
             Admission::Wait(blocked) => self.hold_or_reply(gov, flow, blocked, budget_ms, id, env),
         }
     }
@@ -106,7 +105,7 @@ impl Holds {
     ) -> Step {
         let room = (self.held as u64) < gov.cfg.hold.max_held;
         let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
-        if budget_ms == 0 || !room || !fits {
+        if budget_ms == 0 || !room || !fits || !blocked.holdable() {
             let reply = gov.reply_for(&flow, &blocked, env);
             return Step::Reply(flow, reply);
         }
@@ -148,9 +147,12 @@ impl Holds {
                             out.push(released(h, now, env));
                         }
                     }
-                    Admission::Refuse(reply) => {
-                        if let Some(h) = queue.pop_front() {
-                            out.push(answered(h, Some(reply), now, gov, env));
+                    Admission::Wait(b) if !b.holdable() => {
+                        // Quota exhausted meanwhile: waiting cannot help.
+                        if let Some(mut h) = queue.pop_front() {
+                            h.blocked = b;
+                            h.blocked_at_ms = now;
+                            out.push(answered(h, now, gov, env));
                         }
                     }
                     Admission::Wait(b) => {
@@ -169,7 +171,7 @@ impl Holds {
             for h in queue.drain(..) {
                 let outgrown = known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms);
                 if now >= h.deadline_ms || outgrown {
-                    out.push(answered(h, None, now, gov, env));
+                    out.push(answered(h, now, gov, env));
                 } else {
                     kept.push_back(h);
                 }
@@ -211,28 +213,15 @@ fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
     }
 }
 
-/// Answer a held request locally: with `reply` when the gates gave one, else from why it
-/// waits, aged to now.
-fn answered(
-    mut h: Held,
-    reply: Option<LocalReply>,
-    now: u64,
-    gov: &Governor,
-    env: &mut Env,
-) -> Release {
+/// Answer a held request locally, from why it waits, aged to now.
+fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> Release {
     let held_ms = now - h.since_ms;
     h.flow.held_ms = Some(held_ms);
     let pool = h.flow.pool;
     env.metrics.count(pool, Counter::HoldExpired);
     env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
     env.metrics.add(pool, Gauge::HeldRequests, -1);
-    let reply = match reply {
-        Some(mut r) => {
-            r.held(held_ms);
-            r
-        }
-        None => gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env),
-    };
+    let reply = gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env);
     Release::Reply {
         id: h.id,
         flow: h.flow,
@@ -262,6 +251,9 @@ fn age(b: Blocked, elapsed: u64) -> Blocked {
         },
         Blocked::Paced { retry_in_ms } => Blocked::Paced {
             retry_in_ms: shrink(retry_in_ms),
+        },
+        Blocked::Quota { remaining_ms } => Blocked::Quota {
+            remaining_ms: shrink(remaining_ms),
         },
         other => other,
     }

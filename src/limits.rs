@@ -4,6 +4,7 @@
 
 use crate::bucket::{Bucket, Shape};
 use crate::config::LimitKind;
+use crate::cooldown::{self, CooldownRecord, Gate};
 use crate::inflight::{self, Slot, Slots};
 use crate::keys;
 use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
@@ -87,6 +88,35 @@ impl Governor {
         flow.charges = charges;
         flow.slots = slots;
         Ok(())
+    }
+
+    /// Whether the flow's pool could take it now, read-only: not cooling (nor out of quota),
+    /// not pacing with no release open, no `max_in_flight` cap full. Request buckets are not
+    /// looked at: they are the tenant's own limit wherever the request goes.
+    pub(crate) fn has_room(&self, flow: &Flow, env: &mut Env) -> bool {
+        let now = env.now_ms;
+        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
+        if let Ok(Some((bytes, _))) = env.store.get(&key) {
+            if let Some(rec) = CooldownRecord::decode(&bytes) {
+                let (gate, _) = cooldown::pass(rec, now, self.cfg.hold.enabled());
+                if !matches!(gate, Gate::Open | Gate::Released) {
+                    return false;
+                }
+            }
+        }
+        self.cfg.limits.iter().enumerate().all(|(i, l)| {
+            if !holds_slot(l.kind) {
+                return true;
+            }
+            let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
+            let epoch = inflight::epoch_of(now, l.slot_lease_ms);
+            match env.store.get(&keys::slots_key(&l.name, key_id)) {
+                Ok(Some((bytes, _))) => {
+                    Slots::decode(&bytes).map_or(true, |s| s.at(epoch).total() < l.per_minute)
+                }
+                _ => true,
+            }
+        })
     }
 
     /// The shared-data key of (limit, key id); past `max_keys`, the limit's overflow key.

@@ -26,10 +26,12 @@ pub enum Counter {
     HoldReleased,
     /// A held request was answered locally after waiting (its wait outgrew its limit).
     HoldExpired,
+    /// A request of this pool was steered to one of its fallbacks.
+    Failover,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 18] = [
         Counter::UpstreamRateLimited,
         Counter::UpstreamQuotaExhausted,
         Counter::UpstreamOverloaded,
@@ -47,6 +49,7 @@ impl Counter {
         Counter::Held,
         Counter::HoldReleased,
         Counter::HoldExpired,
+        Counter::Failover,
     ];
 
     pub fn index(self) -> usize {
@@ -72,6 +75,7 @@ impl Counter {
             Counter::Held => "held",
             Counter::HoldReleased => "hold_released",
             Counter::HoldExpired => "hold_expired",
+            Counter::Failover => "failover",
         }
     }
 }

@@ -18,6 +18,10 @@ use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
 use crate::retry_after::{self, Random};
 use crate::store::{self, SharedStore, UpdateError};
 
+/// What a client is told after an upstream "not now" when a fallback has room: come back at
+/// once (its retry is steered there). A few ms rather than 0, which SDKs would not trust.
+pub const FAILOVER_RETRY_MS: u64 = 5;
+
 /// What the host hands the policy for every call. Trait objects rather than generics: one
 /// indirect call per store or metrics operation is nothing next to a hostcall, and the policy
 /// reads as plain code.
@@ -38,8 +42,15 @@ pub struct RequestView<'a> {
 /// What the request path learned, carried to the response path of the same stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flow {
+    /// The pool that governs the request: its own, or the fallback it was steered to.
     pub pool: usize,
     pub account: u64,
+    /// The pool the request matched, and the account of the client's own credential.
+    pub home_pool: usize,
+    pub client_account: u64,
+    pub home_dialect: Dialect,
+    /// Per configured limit, the id of the keying header's value (header-keyed limits only).
+    pub header_ids: Vec<u64>,
     /// The dialect for locally generated bodies (`auto` resolved from the request).
     pub dialect: Dialect,
     /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:
@@ -72,6 +83,8 @@ pub enum Blocked {
     },
     /// A `max_in_flight` cap is full.
     InFlight { limit: usize },
+    /// The provider reported this account's quota exhausted: waiting cannot help.
+    Quota { remaining_ms: u64 },
 }
 
 impl Blocked {
@@ -81,8 +94,20 @@ impl Blocked {
         match *self {
             Blocked::Cooling { remaining_ms, .. } => Some(remaining_ms),
             Blocked::Bucket { wait_ms, .. } => Some(wait_ms),
-            Blocked::Paced { .. } | Blocked::InFlight { .. } => None,
+            Blocked::Paced { .. } | Blocked::InFlight { .. } | Blocked::Quota { .. } => None,
         }
+    }
+
+    /// Whether holding can help: everything but quota exhaustion.
+    pub fn holdable(&self) -> bool {
+        !matches!(self, Blocked::Quota { .. })
+    }
+
+    /// Whether a fallback pool can serve the request instead: the provider side is saying
+    /// "not now" (cooling, pacing, quota) or the pool's concurrency cap is full. An empty local
+    /// bucket is the operator's own limit for the tenant and is never steered around.
+    pub fn steerable(&self) -> bool {
+        !matches!(self, Blocked::Bucket { .. })
     }
 
     /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
@@ -91,7 +116,7 @@ impl Blocked {
         match *self {
             Blocked::Cooling { remaining_ms, .. } => remaining_ms,
             Blocked::Bucket { wait_ms, .. } => wait_ms,
-            Blocked::Paced { .. } | Blocked::InFlight { .. } => 0,
+            Blocked::Paced { .. } | Blocked::InFlight { .. } | Blocked::Quota { .. } => 0,
         }
     }
 }
@@ -99,12 +124,10 @@ impl Blocked {
 /// Whether a request may go now.
 #[derive(Debug)]
 pub enum Admission {
-    /// Forward it; its flow holds what it took.
+    /// Forward it; its flow holds what it took (and names the pool it was steered to).
     Go,
-    /// It can wait (hold) or be answered locally with `Governor::reply_for`.
+    /// It cannot go now: hold it if `holdable`, or answer it with `Governor::reply_for`.
     Wait(Blocked),
-    /// Answer it locally now; waiting cannot help (quota exhausted).
-    Refuse(LocalReply),
 }
 
 /// What `on_request` decided for a request that is not held.
@@ -173,30 +196,68 @@ impl Governor {
     /// Everything the policy needs from the request headers, read once.
     pub fn flow_for(&self, req: &RequestView) -> Flow {
         let pool = self.pool_for(req);
-        let account = self.account_of(&req.headers);
-        let limit_keys = self
+        let client_account = self.account_of(&req.headers);
+        let header_ids = self
             .cfg
             .limits
             .iter()
             .map(|l| match &l.key {
                 LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
-                LimitKey::Account => account,
-                LimitKey::Pool => self.pool_ids[pool],
+                LimitKey::Account | LimitKey::Pool => 0,
             })
             .collect();
-        Flow {
+        let dialect = self.cfg.pools[pool]
+            .dialect
+            .resolve_for_request(req.path, &req.headers);
+        let mut flow = Flow {
             pool,
-            account,
-            dialect: self.cfg.pools[pool]
-                .dialect
-                .resolve_for_request(req.path, &req.headers),
+            account: client_account,
+            home_pool: pool,
+            client_account,
+            home_dialect: dialect,
+            header_ids,
+            dialect,
             streak: 0,
-            limit_keys,
+            limit_keys: Vec::new(),
             charges: Vec::new(),
             slots: Vec::new(),
             released: false,
             held_ms: None,
-        }
+        };
+        self.govern_as(&mut flow, pool);
+        flow
+    }
+
+    /// Make `pool` the one that governs the flow: its account, its limit keys, its dialect
+    /// (for a steered request; the home pool keeps the one resolved from the request).
+    fn govern_as(&self, flow: &mut Flow, pool: usize) {
+        let p = &self.cfg.pools[pool];
+        flow.pool = pool;
+        flow.account = p
+            .account
+            .as_deref()
+            .map_or(flow.client_account, |label| keys::fnv1a64(label.as_bytes()));
+        flow.dialect = match p.dialect {
+            _ if pool == flow.home_pool => flow.home_dialect,
+            Dialect::Auto => flow.home_dialect,
+            d => d,
+        };
+        flow.limit_keys = self
+            .cfg
+            .limits
+            .iter()
+            .zip(&flow.header_ids)
+            .map(|(l, id)| match l.key {
+                LimitKey::Header(_) => *id,
+                LimitKey::Account => flow.account,
+                LimitKey::Pool => self.pool_ids[pool],
+            })
+            .collect();
+    }
+
+    /// The pool the request was steered to, when it was.
+    pub fn steered_to(&self, flow: &Flow) -> Option<&str> {
+        (flow.pool != flow.home_pool).then(|| self.cfg.pools[flow.pool].name.as_str())
     }
 
     /// A request that is not held: forwarded now, or answered locally at once.
@@ -204,7 +265,6 @@ impl Governor {
         let mut flow = self.flow_for(req);
         match self.admit(&mut flow, env) {
             Admission::Go => RequestDecision::Forward(flow),
-            Admission::Refuse(reply) => RequestDecision::Reply(flow, reply),
             Admission::Wait(b) => {
                 let reply = self.reply_for(&flow, &b, env);
                 RequestDecision::Reply(flow, reply)
@@ -212,37 +272,82 @@ impl Governor {
         }
     }
 
-    /// Whether the request may go now. On `Go` the flow holds what it took (a release of the
-    /// pace, tokens, slots); on anything else it took nothing.
+    /// Whether the request may go now, on its own pool or, when that one's provider says "not
+    /// now" or its cap is full, on the first of its fallbacks that can take it (failover comes
+    /// before holding). On `Go` the flow holds what it took and is governed as the pool it
+    /// goes to. When no candidate can take it, the flow is left on the candidate that frees
+    /// first (known waits first, the home pool on ties) and `Wait` says why.
     pub fn admit(&self, flow: &mut Flow, env: &mut Env) -> Admission {
+        let home = flow.home_pool;
+        if flow.pool != home {
+            self.govern_as(flow, home);
+        }
+        let blocked = match self.admit_here(flow, env) {
+            Ok(()) => return Admission::Go,
+            Err(b) => b,
+        };
+        let fallback = &self.cfg.pools[home].fallback;
+        if fallback.is_empty() || !blocked.steerable() {
+            return Admission::Wait(blocked);
+        }
+        let mut best = (home, blocked);
+        for &pool in fallback {
+            let mut candidate = flow.clone();
+            self.govern_as(&mut candidate, pool);
+            match self.admit_here(&mut candidate, env) {
+                Ok(()) => {
+                    env.metrics.count(home, Counter::Failover);
+                    *flow = candidate;
+                    return Admission::Go;
+                }
+                Err(b) if frees_sooner(&b, &best.1) => best = (pool, b),
+                Err(_) => {}
+            }
+        }
+        if best.0 != home {
+            self.govern_as(flow, best.0);
+        }
+        Admission::Wait(best.1)
+    }
+
+    /// Admission on the flow's current pool alone.
+    fn admit_here(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
         if self.cfg.cooldown.enabled {
             match self.pass_cooldown(flow, env) {
                 Gate::Open | Gate::Released => {}
                 Gate::Cooling {
                     class: Class::QuotaExhausted,
                     remaining_ms,
-                } => return Admission::Refuse(self.quota_reply(flow, remaining_ms, env)),
+                } => return Err(Blocked::Quota { remaining_ms }),
                 Gate::Cooling {
                     class,
                     remaining_ms,
                 } => {
-                    return Admission::Wait(Blocked::Cooling {
+                    return Err(Blocked::Cooling {
                         class,
                         remaining_ms,
                     })
                 }
-                Gate::Paced { retry_in_ms } => {
-                    return Admission::Wait(Blocked::Paced { retry_in_ms })
-                }
+                Gate::Paced { retry_in_ms } => return Err(Blocked::Paced { retry_in_ms }),
             }
         }
-        match self.take_limits(flow, env) {
-            Ok(()) => Admission::Go,
-            Err(blocked) => {
-                self.give_back_release(flow, env);
-                Admission::Wait(blocked)
-            }
-        }
+        self.take_limits(flow, env).inspect_err(|_| {
+            self.give_back_release(flow, env);
+        })
+    }
+
+    /// Whether some fallback of the flow's home pool (other than the pool that just answered)
+    /// could take a request now: not cooling, not out of quota, its caps not full. Read-only.
+    pub fn fallback_has_room(&self, flow: &Flow, env: &mut Env) -> bool {
+        let home = flow.home_pool;
+        std::iter::once(home)
+            .chain(self.cfg.pools[home].fallback.iter().copied())
+            .filter(|p| *p != flow.pool)
+            .any(|pool| {
+                let mut candidate = flow.clone();
+                self.govern_as(&mut candidate, pool);
+                self.has_room(&candidate, env)
+            })
     }
 
     /// The local answer for a request that cannot go now (and is not, or no longer, held).
@@ -302,6 +407,7 @@ impl Governor {
                     Some(fields),
                 )
             }
+            Blocked::Quota { remaining_ms } => return self.quota_reply(flow, remaining_ms, env),
             Blocked::InFlight { .. } => {
                 // A slot frees when some stream ends, which no header foretells: the
                 // configured base delay, with jitter so the returning clients spread out.
@@ -618,19 +724,27 @@ impl Governor {
                 env.metrics.count(flow.pool, Counter::Exhausted(d));
             }
         }
-        env.metrics
-            .histogram(flow.pool, Histogram::RetryAfterMs, delay_ms);
         if cd.enabled {
             let wanted = cool_ms.map(|ms| Wanted { class, ms });
             self.cool(flow, wanted, streak, Answer::NotNow, env);
         } else {
             flow.released = false;
         }
+        // Nothing is replayed, but the client's retry will be steered to a pool with room:
+        // worth making at once, whatever this pool said.
+        let steer_retry = cd.enabled && self.fallback_has_room(flow, env);
+        let (delay_ms, should_retry) = if steer_retry {
+            (FAILOVER_RETRY_MS, true)
+        } else {
+            (delay_ms, class.should_retry())
+        };
+        env.metrics
+            .histogram(flow.pool, Histogram::RetryAfterMs, delay_ms);
         Some(Governed {
             class,
             delay_ms,
             provider_ms,
-            headers: reply::governed_headers(class, AnswerSource::Upstream, delay_ms),
+            headers: reply::retry_headers(class, AnswerSource::Upstream, delay_ms, should_retry),
         })
     }
 
@@ -667,6 +781,21 @@ impl Governor {
                 false
             }
         }
+    }
+}
+
+/// Whether waiting for `a` ends sooner than waiting for `b`: a known wait beats an unknown
+/// one (an unknown wait ends with an event that may never come soon), shorter beats longer.
+fn frees_sooner(a: &Blocked, b: &Blocked) -> bool {
+    match (a.holdable(), b.holdable()) {
+        (true, false) => return true,
+        (false, _) => return false,
+        _ => {}
+    }
+    match (a.wait_ms(), b.wait_ms()) {
+        (Some(x), Some(y)) => x < y,
+        (Some(_), None) => true,
+        _ => false,
     }
 }
 

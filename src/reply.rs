@@ -30,11 +30,22 @@ pub fn governed_headers(
     source: AnswerSource,
     delay_ms: u64,
 ) -> Vec<(&'static str, String)> {
+    retry_headers(class, source, delay_ms, class.should_retry())
+}
+
+/// `governed_headers`, saying whether to retry explicitly (a retry that will be steered to a
+/// fallback with room is worth making whatever the class).
+pub fn retry_headers(
+    class: Class,
+    source: AnswerSource,
+    delay_ms: u64,
+    should_retry: bool,
+) -> Vec<(&'static str, String)> {
     let (ms, secs) = retry_after::header_values(delay_ms);
     vec![
         ("retry-after-ms", ms),
         ("retry-after", secs),
-        ("x-should-retry", class.should_retry().to_string()),
+        ("x-should-retry", should_retry.to_string()),
         ("x-llm-governor-class", class.as_str().to_string()),
         ("x-llm-governor-source", source.as_str().to_string()),
     ]

@@ -46,6 +46,11 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> Status;
+    fn proxy_remove_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+    ) -> Status;
     fn proxy_send_local_response(
         status_code: u32,
         status_code_details_data: *const u8,
@@ -154,6 +159,10 @@ pub fn replace_header(kind: MapType, name: &str, value: &str) -> HostResult<()> 
     check(unsafe {
         proxy_replace_header_map_value(kind, name.as_ptr(), name.len(), value.as_ptr(), value.len())
     })
+}
+
+pub fn remove_header(kind: MapType, name: &str) -> HostResult<()> {
+    check(unsafe { proxy_remove_header_map_value(kind, name.as_ptr(), name.len()) })
 }
 
 pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {

@@ -244,12 +244,15 @@ impl Shared {
             match release {
                 Release::Go { id, mut flow } => {
                     // The effective context is reset per VM call: set it for every stream.
-                    let resumed = abi::set_effective_context(id).is_ok()
-                        && abi::resume_request()
+                    // Headers change before the resume: Envoy releases them after it.
+                    let resumed = abi::set_effective_context(id).is_ok() && {
+                        steer(&self.governor, &flow);
+                        abi::resume_request()
                             .map_err(|e| {
                                 log::warn!("llm_governor: could not resume a held request: {e}")
                             })
-                            .is_ok();
+                            .is_ok()
+                    };
                     if resumed {
                         if let Ok(mut m) = self.released.try_borrow_mut() {
                             m.insert(id, flow);
@@ -281,6 +284,19 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The request header that names the pool a request was steered to; Envoy routes on it.
+const POOL_HEADER: &str = "x-llm-governor-pool";
+
+/// Name the fallback pool of a steered request in its headers, before the router runs (a wasm
+/// header change clears Envoy's route cache, so the route is selected again).
+fn steer(governor: &Governor, flow: &Flow) {
+    if let Some(name) = governor.steered_to(flow) {
+        if let Err(e) = abi::replace_header(MapType::HttpRequestHeaders, POOL_HEADER, name) {
+            log::warn!("llm_governor: could not steer a request to pool {name}: {e}");
         }
     }
 }
@@ -511,7 +527,18 @@ fn header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        let mut pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        if pairs
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(POOL_HEADER))
+        {
+            // Only the policy picks a pool (and with it the route and the credential Envoy
+            // injects): a client-sent one is dropped before anything matches on it.
+            if let Err(e) = abi::remove_header(MapType::HttpRequestHeaders, POOL_HEADER) {
+                log::warn!("llm_governor: could not remove a client-sent {POOL_HEADER}: {e}");
+            }
+            pairs.retain(|(n, _)| !n.eq_ignore_ascii_case(POOL_HEADER));
+        }
         let view = RequestView {
             path: header(&pairs, ":path"),
             authority: header(&pairs, ":authority"),
@@ -530,6 +557,7 @@ impl HttpContext for Filter {
         });
         match step {
             Some(Step::Go(flow)) => {
+                steer(&shared.governor, &flow);
                 self.flow = Some(flow);
                 Action::Continue
             }
@@ -606,6 +634,12 @@ impl HttpContext for Filter {
         let Some(flow) = self.flow() else {
             return Action::Continue;
         };
+        if let Some(name) = shared.governor.steered_to(flow) {
+            if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, POOL_HEADER, name) {
+                log::debug!("llm_governor: could not set {POOL_HEADER}: {e}");
+            }
+            let _ = abi::set_property(&["llm_governor.pool"], name.as_bytes());
+        }
         if let Some(ms) = flow.held_ms {
             let ms = ms.to_string();
             if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, HELD_MS_HEADER, &ms) {
