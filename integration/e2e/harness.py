@@ -32,7 +32,10 @@ from typing import Any, NamedTuple, Optional, Union
 import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WASM_MODULE = REPO_ROOT / "target" / "wasm32-wasip1" / "release" / "llm_governor.wasm"
+# LLM_GOVERNOR_WASM runs the tests against another build (an older commit, a mutant).
+WASM_MODULE = Path(
+    os.environ.get("LLM_GOVERNOR_WASM") or REPO_ROOT / "target" / "wasm32-wasip1" / "release" / "llm_governor.wasm"
+)
 SIM_BINARY = REPO_ROOT / "target" / "release" / "llm-sim"
 
 READY_TIMEOUT_S = 20.0

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import threading
+import time
+import uuid
 
 from harness import envoy_bootstrap, free_port, wasm_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
+CHAT_BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a prompt of some length"}]}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def post(envoy, key: str):
+    """(status, lower-case headers) of one request on its own connection."""
     conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=10)
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(CHAT),
@@ -37,3 +43,118 @@ def test_envoys_own_503_is_not_taken_for_the_providers_overload(envoy_factory):
     assert int(envoy.stat("llm_governor.pool.openai.upstream_overloaded") or 0) == 0
     assert int(envoy.stat("llm_governor.pool.openai.local_reject_cooldown") or 0) == 0
     assert int(envoy.stat("cluster.provider.upstream_cx_connect_fail") or 0) >= 3
+
+
+QUOTA_BODY = json.dumps({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                                   "param": None, "code": "insufficient_quota"}}).encode()
+
+
+def raw_request(port: int, key: str, body: bytes, trickle_s: float = 0.0) -> tuple:
+    """POST over a raw socket, the body sent in small pieces over `trickle_s`; returns
+    (status, headers, seconds until the status line, connection still open)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=15)
+    started = time.monotonic()
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+    )
+    pieces = [body[i:i + 8] for i in range(0, len(body), 8)]
+    for piece in pieces:
+        s.sendall(piece)
+        if trickle_s:
+            time.sleep(trickle_s / len(pieces))
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    took = time.monotonic() - started
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    status = int(head[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in head[1:] if ":" in line)}
+    s.close()
+    return status, headers, took
+
+
+def test_a_slow_upload_during_a_cooldown_is_answered_after_its_body_and_changes_nothing_else(envoy_factory, sim):
+    """Issue 10, item 1: the local answer waits for the whole (slow) body, keeps the
+    connection, and the worker goes on classifying quota 429s by their body."""
+    # A 30 s cooldown is past hold.max_ms (10 s): the request is answered locally, not held.
+    envoy = envoy_factory({"pools": POOLS}, concurrency=1)
+    key = "sk-slow-" + uuid.uuid4().hex[:8]
+    sim.scenario({"mode": "rate_limited", "retry_after_s": 30, "count": 1, "keys": [key]})
+    assert post(envoy, key)[0] == 429
+    body = json.dumps(CHAT).encode()
+    status, headers, took = raw_request(envoy.port, key, body, trickle_s=3.0)
+    assert status == 429 and headers.get("x-llm-governor-source") == "cooldown", headers
+    assert took >= 2.8, f"answered after {took:.2f} s, before the body (3 s) had arrived"
+    assert headers.get("connection") != "close", headers
+    # The same worker still reads error bodies: a quota 429 is quota, not a rate limit.
+    other = "sk-quota-" + uuid.uuid4().hex[:8]
+    sim.scenario({"mode": "quota", "count": 1, "keys": [other]})
+    status, headers = post(envoy, other)
+    assert status == 429 and headers["x-llm-governor-class"] == "quota_exhausted", headers
+    assert headers["x-should-retry"] == "false"
+    assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
+    assert "held error body never arrived" not in envoy.log()
+
+
+class _LateEndUpstream(threading.Thread):
+    """A raw upstream: a quota 429 whose whole body comes with the headers (chunked), and whose
+    terminating chunk comes `late_s` later."""
+
+    def __init__(self, late_s: float):
+        super().__init__(daemon=True)
+        self.late_s = late_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+
+    def run(self):
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, rest = data.split(b"\r\n\r\n", 1)
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n"
+                         + f"{len(QUOTA_BODY):x}\r\n".encode() + QUOTA_BODY + b"\r\n")
+            time.sleep(self.late_s)
+            conn.sendall(b"0\r\n\r\n")
+
+
+def test_a_held_429_whose_stream_ends_late_is_classified_from_the_body_already_there(envoy_factory):
+    """Issue 10, item 2: the 1 s body wait passes before the end of stream, but the whole quota
+    body is buffered: it is classified quota_exhausted, and nothing switches to headers-only."""
+    upstream = _LateEndUpstream(late_s=2.0)
+    upstream.start()
+    try:
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter({"pools": POOLS})]),
+                              concurrency=1)
+        for _ in range(2):
+            status, headers = post(envoy, "sk-late-" + uuid.uuid4().hex[:8])
+            assert status == 429, headers
+            assert headers.get("x-llm-governor-class") == "quota_exhausted", headers
+            assert headers.get("x-should-retry") == "false", headers
+        assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
+    finally:
+        upstream.stop.set()
