@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""What holding costs (issue 8): Envoy's memory and CPU with N requests held by llm-governor,
+against N idle open requests through bare Envoy (no wasm filter) to a provider that takes its
+time answering, and against N requests paused in Envoy itself with no wasm at all (bare Envoy's
+buffer filter waiting for the last byte of each body: a stream and its filter chain, nothing
+upstream, which is what a held request is minus the module).
+
+For each side: Envoy (--concurrency 1) is started, its RSS (VmRSS) is read idle, N raw
+connections each send one complete request, and once all N are open (held by the governor:
+`held_requests` reaches N; or in flight through bare Envoy: the simulator sees N in flight), RSS
+is read again and Envoy's CPU time (utime + stime from /proc/<pid>/stat) is measured over
+--window-s seconds of waiting. The module's own memory per held request is
+
+    ((RSS held - RSS idle) with the governor - (RSS open - RSS idle) bare) / N
+
+(the contract's comparison), and against the buffer filter's pause the same way, which isolates
+the module's own part. The CPU is Envoy's CPU seconds per wall second while the requests wait (a held request
+costs one look every 20 ms tick on its worker; nothing else runs).
+
+    .venv/bin/python bench/hold_cost.py                # N = 1000, 10 s window
+    .venv/bin/python bench/hold_cost.py --n 500 --window-s 5
+
+Needs target/wasm32-wasip1/release/llm_governor.wasm (`make build`), target/release/llm-sim
+(`make sim`) and an Envoy ($ENVOY_BIN or scripts/ensure-envoy.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "e2e"))
+
+from harness import Envoy, Simulator, envoy_bootstrap  # noqa: E402
+
+KEY = "sk-hold-cost"
+HOLD_S = 60
+BODY = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode()
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    + f"authorization: Bearer {KEY}\r\ncontent-length: {len(BODY)}\r\n\r\n".encode()
+    + BODY
+)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def settle_rss(envoy: Envoy) -> int:
+    """RSS once it stops moving (allocations of the last burst have landed)."""
+    last = envoy.rss_bytes()
+    for _ in range(20):
+        time.sleep(0.25)
+        now = envoy.rss_bytes()
+        if abs(now - last) < 64 * 1024:
+            return now
+        last = now
+    return last
+
+
+def measure(envoy: Envoy, n: int, opened, window_s: float, request: bytes = REQUEST) -> dict:
+    idle = settle_rss(envoy)
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", envoy.port))
+            s.sendall(request)
+            socks.append(s)
+        if not wait_until(opened, 30):
+            raise RuntimeError("the requests did not all open")
+        loaded = settle_rss(envoy)
+        pid = envoy.proc.pid
+        c0, t0 = cpu_s(pid), time.monotonic()
+        time.sleep(window_s)
+        cpu = (cpu_s(pid) - c0) / (time.monotonic() - t0)
+        return {"rss_idle": idle, "rss_loaded": loaded, "delta": loaded - idle, "cpu_cores": cpu}
+    finally:
+        for s in socks:
+            s.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--window-s", type=float, default=10.0)
+    args = ap.parse_args()
+    n = args.n
+
+    sim = Simulator().start()
+    try:
+        # Bare Envoy: N requests open at a provider that answers after HOLD_S.
+        sim.scenario({"mode": "ok", "latency_ms": HOLD_S * 1000})
+        with Envoy(None, upstream_port=sim.port, concurrency=1) as bare:
+            b = measure(bare, n, lambda: sim.requests().get("in_flight", 0) >= n, args.window_s)
+        sim.reset()
+        sim.scenario({"mode": "ok"})
+        # Bare Envoy pausing N requests itself: the buffer filter waits for a last byte that
+        # never comes (content-length one more than what is sent).
+        buffer = {
+            "name": "envoy.filters.http.buffer",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                             "max_request_bytes": 1 << 20},
+        }
+        short = REQUEST.replace(f"content-length: {len(BODY)}".encode(), f"content-length: {len(BODY) + 1}".encode())
+        boot = envoy_bootstrap(sim.port, [buffer])
+        with Envoy(None, upstream_port=sim.port, concurrency=1, bootstrap=boot) as paused:
+            active = lambda: int(paused.stat("http.llm_gateway.downstream_rq_active") or 0) >= n  # noqa: E731
+            p = measure(paused, n, active, args.window_s, request=short)
+        # The governor: N requests held through a cooldown of HOLD_S (hold.max_ms raised for it).
+        config = {
+            "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
+            "hold": {"max_ms": HOLD_S * 1000 + 30_000, "max_held": n + 10},
+        }
+        with Envoy(config, upstream_port=sim.port, concurrency=1) as gov:
+            sim.scenario({"mode": "rate_limited", "retry_after_s": HOLD_S + 20, "count": 1, "keys": [KEY]})
+            s = socket.create_connection(("127.0.0.1", gov.port))
+            s.sendall(REQUEST)
+            s.recv(65536)  # the 429 that starts the cooldown
+            s.close()
+            held = lambda: int(gov.stat("llm_governor.pool.openai.held_requests") or 0) >= n  # noqa: E731
+            g = measure(gov, n, held, args.window_s)
+            upstream = len(sim.requests_for(KEY))
+    finally:
+        sim.stop()
+
+    per_held = (g["delta"] - p["delta"]) / n
+    print(f"{n} requests, Envoy --concurrency 1, {args.window_s:g} s window")
+    print("| side | RSS idle | RSS with N open | delta | per request | CPU while waiting |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rows = (("bare Envoy, N open upstream", b), ("bare Envoy, N paused by its buffer filter", p),
+            ("llm-governor, N held", g))
+    for name, r in rows:
+        print(f"| {name} | {r['rss_idle'] / 2**20:.1f} MiB | {r['rss_loaded'] / 2**20:.1f} MiB "
+              f"| {r['delta'] / 2**20:+.1f} MiB | {r['delta'] / n:,.0f} B | {r['cpu_cores'] * 100:.2f} % of a core |")
+    print(f"held against open through bare Envoy: {(g['delta'] - b['delta']) / n:+,.0f} B per request")
+    print(f"module's own memory per held request (held against paused by Envoy): {per_held:,.0f} B (target <= 1024 B)")
+    print(f"CPU while {n} are held: {g['cpu_cores'] * 100:.2f} % of a core (target < 2 %)")
+    print(f"upstream requests for the held account: {upstream} (the one 429 that started the cooldown)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
