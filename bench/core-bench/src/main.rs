@@ -6,9 +6,11 @@
 //! retries per update. Both print one JSON line.
 
 use llm_governor::config;
+use llm_governor::deadline;
 use llm_governor::headers::{owned, Headers};
-use llm_governor::metrics::{Counter, Gauge, Metrics};
-use llm_governor::policy::{Env, Governor, RequestDecision, RequestView};
+use llm_governor::hold::{Holds, Step};
+use llm_governor::metrics::{Counter, Gauge, Histogram, Metrics};
+use llm_governor::policy::{Env, Governor, RequestView};
 use llm_governor::retry_after::Random;
 use llm_governor::store::{self, MemStore};
 use std::hint::black_box;
@@ -22,7 +24,10 @@ impl Metrics for NoMetrics {
     fn gauge(&mut self, _: usize, _: Gauge, _: u64) {
         self.0 += 1;
     }
-    fn retry_after(&mut self, _: usize, _: u64) {
+    fn add(&mut self, _: usize, _: Gauge, _: i64) {
+        self.0 += 1;
+    }
+    fn histogram(&mut self, _: usize, _: Histogram, _: u64) {
         self.0 += 1;
     }
 }
@@ -44,6 +49,7 @@ fn hotpath(cfg_json: &str, iterations: u64) {
         }
     };
     let gov = Governor::new(cfg);
+    let mut holds = Holds::new();
     let store = MemStore::new();
     let mut metrics = NoMetrics(0);
     let mut rng = Rng(1);
@@ -91,17 +97,22 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             rng: &mut rng,
             now_ms: 1_700_000_000_000 + i / 20,
         };
-        if let RequestDecision::Forward(flow) = gov.on_request(&view, &mut env) {
+        // As the host does: the flow, the hold budget from the deadline headers, then the
+        // hold state machine (which admits at once when nothing blocks).
+        let flow = gov.flow_for(&view);
+        let budget = deadline::hold_budget_ms(&gov.cfg.hold, &view.headers);
+        if let Step::Go(mut flow) = holds.request(&gov, flow, budget, i as u32, &mut env) {
             forwarded += 1;
             let pairs = owned(&resp);
             black_box(gov.on_response_headers(
-                &flow,
+                &mut flow,
                 200,
                 &Headers::new(&pairs),
                 false,
                 true,
                 &mut env,
             ));
+            gov.on_stream_end(&mut flow, None, &mut env);
         }
     }
     let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
