@@ -53,6 +53,12 @@ pub enum Release {
 
 type QueueKey = (usize, u64);
 
+/// Requests queue, and are counted in the hold stats, by the (pool, account) they came as:
+/// the pool they matched and the client's credential, whichever pool they wait on or go to.
+fn queue_key(flow: &Flow) -> QueueKey {
+    (flow.home_pool, flow.client_account)
+}
+
 #[derive(Default)]
 pub struct Holds {
     queues: HashMap<QueueKey, VecDeque<Held>>,
@@ -82,7 +88,7 @@ impl Holds {
         id: u32,
         env: &mut Env,
     ) -> Step {
-        let key = (flow.pool, flow.account);
+        let key = queue_key(&flow);
         if let Some(last) = self.queues.get(&key).and_then(|q| q.back()) {
             // Held requests of this (pool, account) go first: wait behind them.
             let blocked = age(last.blocked, env.now_ms - last.blocked_at_ms);
@@ -110,11 +116,11 @@ impl Holds {
             return Step::Reply(flow, reply);
         }
         let now = env.now_ms;
-        env.metrics.count(flow.pool, Counter::Held);
-        env.metrics.add(flow.pool, Gauge::HeldRequests, 1);
+        env.metrics.count(flow.home_pool, Counter::Held);
+        env.metrics.add(flow.home_pool, Gauge::HeldRequests, 1);
         self.held += 1;
         self.queues
-            .entry((flow.pool, flow.account))
+            .entry(queue_key(&flow))
             .or_default()
             .push_back(Held {
                 id,
@@ -195,7 +201,7 @@ impl Holds {
         let h = found?;
         self.queues.retain(|_, q| !q.is_empty());
         self.held -= 1;
-        env.metrics.add(h.flow.pool, Gauge::HeldRequests, -1);
+        env.metrics.add(h.flow.home_pool, Gauge::HeldRequests, -1);
         Some(h.flow)
     }
 }
@@ -203,7 +209,7 @@ impl Holds {
 fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
     let held_ms = now - h.since_ms;
     h.flow.held_ms = Some(held_ms);
-    let pool = h.flow.pool;
+    let pool = h.flow.home_pool;
     env.metrics.count(pool, Counter::HoldReleased);
     env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
     env.metrics.add(pool, Gauge::HeldRequests, -1);
@@ -217,7 +223,7 @@ fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
 fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> Release {
     let held_ms = now - h.since_ms;
     h.flow.held_ms = Some(held_ms);
-    let pool = h.flow.pool;
+    let pool = h.flow.home_pool;
     env.metrics.count(pool, Counter::HoldExpired);
     env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
     env.metrics.add(pool, Gauge::HeldRequests, -1);

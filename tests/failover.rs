@@ -9,7 +9,7 @@ use common::{flows, header, Host};
 use llm_governor::config;
 use llm_governor::hold::Step;
 use llm_governor::keys;
-use llm_governor::metrics::Counter;
+use llm_governor::metrics::{Counter, Gauge};
 
 const CFG: &str = r#"{"pools": [
   {"name": "primary", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai", "fallback": ["backup"]},
@@ -58,6 +58,12 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
     assert_eq!(host.governor.steered_to(&out[0].1), Some("backup"));
+    // Hold stats are the home pool's, wherever the request waited or went: the gauge is back
+    // at 0 on both pools (the soak found it drifting +n on one and -n on the other).
+    assert_eq!(host.metrics.count_of(PRIMARY, Counter::Held), 1);
+    assert_eq!(host.metrics.count_of(PRIMARY, Counter::HoldReleased), 1);
+    assert_eq!(host.metrics.sum(PRIMARY, Gauge::HeldRequests), 0);
+    assert_eq!(host.metrics.sum(BACKUP, Gauge::HeldRequests), 0);
     // Once the primary's own cooldown is over, requests stay home.
     host.advance(3_000);
     let home = go(host.arrive(4, PATH, &[A]));
