@@ -18,6 +18,9 @@ use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
 use crate::retry_after::{self, Random};
 use crate::store::{self, SharedStore, UpdateError};
 
+/// The request header that names the pool a request was steered to; Envoy routes on it.
+pub const STEERING_HEADER: &str = "x-llm-governor-pool";
+
 /// What a client is told after an upstream "not now" when a fallback has room: come back at
 /// once (its retry is steered there). A few ms rather than 0, which SDKs would not trust.
 pub const FAILOVER_RETRY_MS: u64 = 5;
@@ -824,9 +827,11 @@ fn pool_matches(p: &Pool, req: &RequestView) -> bool {
         && m.authority
             .as_ref()
             .map_or(true, |a| req.authority.eq_ignore_ascii_case(a.as_bytes()))
-        && m.header
-            .as_ref()
-            .map_or(true, |(n, v)| req.headers.get(n) == Some(v.as_bytes()))
+        && m.header.as_ref().map_or(true, |(n, v)| {
+            // The steering header is only ever the policy's own: a pool matched on it is
+            // reached by steering alone, never by what a client sends.
+            n != STEERING_HEADER && req.headers.get(n) == Some(v.as_bytes())
+        })
 }
 
 fn export_gauges(pool: usize, snap: &Snapshot, metrics: &mut dyn Metrics) {

@@ -2,6 +2,7 @@
 //! error value. The SDK's own wrappers `panic!` on statuses they do not expect, and a panic
 //! kills the worker's VM.
 
+use crate::headers::WireHeaders;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::ptr::null_mut;
 
@@ -147,12 +148,13 @@ pub fn set_buffer(kind: BufferType, start: usize, size: usize, data: &[u8]) -> H
     check(unsafe { proxy_set_buffer_bytes(kind, start, size, data.as_ptr(), data.len()) })
 }
 
-pub fn header_map(kind: MapType) -> HostResult<Vec<(String, Vec<u8>)>> {
+/// A header map as the host serialises it: one copy, read in place (see `WireHeaders`).
+pub fn header_map(kind: MapType) -> HostResult<WireHeaders> {
     let mut ptr = null_mut();
     let mut size = 0;
     check(unsafe { proxy_get_header_map_pairs(kind, &mut ptr, &mut size) })?;
     let bytes = unsafe { owned(ptr, size) };
-    Ok(deserialize_map(&bytes).unwrap_or_default())
+    Ok(WireHeaders::parse(bytes).unwrap_or_default())
 }
 
 pub fn replace_header(kind: MapType, name: &str, value: &str) -> HostResult<()> {
@@ -249,31 +251,6 @@ pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
     // Segments are NUL-separated, with no NUL after the last: Envoy would keep it in the key.
     let p = path.join("\0");
     check(unsafe { proxy_set_property(p.as_ptr(), p.len(), value.as_ptr(), value.len()) })
-}
-
-/// The proxy-wasm map wire format: count, then (key len, value len) pairs, then the
-/// NUL-terminated keys and values. Returns None on a malformed buffer instead of panicking.
-fn deserialize_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
-    if bytes.is_empty() {
-        return Some(Vec::new());
-    }
-    let u32_at = |at: usize| -> Option<usize> {
-        let b = bytes.get(at..at + 4)?;
-        Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
-    };
-    let count = u32_at(0)?;
-    let mut out = Vec::with_capacity(count.min(256));
-    let mut p = 4usize.checked_add(count.checked_mul(8)?)?;
-    for n in 0..count {
-        let key_len = u32_at(4 + n * 8)?;
-        let val_len = u32_at(8 + n * 8)?;
-        let key = bytes.get(p..p.checked_add(key_len)?)?;
-        p = p.checked_add(key_len + 1)?;
-        let val = bytes.get(p..p.checked_add(val_len)?)?;
-        p = p.checked_add(val_len + 1)?;
-        out.push((String::from_utf8_lossy(key).into_owned(), val.to_vec()));
-    }
-    Some(out)
 }
 
 fn serialize_map(pairs: &[(&str, String)]) -> Vec<u8> {

@@ -8,10 +8,12 @@ mod adapters;
 use crate::classify;
 use crate::config;
 use crate::deadline;
-use crate::headers::Headers;
+use crate::headers::{Headers, WireHeaders};
 use crate::hold::{Holds, Release, Step};
 use crate::metrics::Counter;
-use crate::policy::{Env, Flow, Governor, RequestView, ResponseStep};
+use crate::policy::{
+    Env, Flow, Governor, RequestView, ResponseStep, STEERING_HEADER as POOL_HEADER,
+};
 use crate::reply::{LocalReply, HELD_MS_HEADER};
 use crate::usage::UsageScanner;
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
@@ -50,7 +52,7 @@ enum Wait {
     ResponseBody {
         flow: Flow,
         status: u16,
-        headers: Vec<(String, Vec<u8>)>,
+        headers: WireHeaders,
         until_ms: u64,
     },
     /// A local answer waiting for the end of the request body: answering before the body has
@@ -145,16 +147,10 @@ impl Shared {
     }
 
     /// Classify a held response from `body` (empty when none came) and set its headers.
-    fn classify_held(
-        &self,
-        flow: &mut Flow,
-        status: u16,
-        headers: &[(String, Vec<u8>)],
-        body: &[u8],
-    ) {
+    fn classify_held(&self, flow: &mut Flow, status: u16, headers: &WireHeaders, body: &[u8]) {
         let governed = self
             .with_env(abi::now_ms(), |g, env| {
-                g.on_response_body(flow, status, &Headers::new(headers), body, env)
+                g.on_response_body(flow, status, &Headers::wire(headers), body, env)
             })
             .flatten();
         if let Some(g) = governed {
@@ -287,9 +283,6 @@ impl Shared {
         }
     }
 }
-
-/// The request header that names the pool a request was steered to; Envoy routes on it.
-const POOL_HEADER: &str = "x-llm-governor-pool";
 
 /// Name the fallback pool of a steered request in its headers, before the router runs (a wasm
 /// header change clears Envoy's route cache, so the route is selected again).
@@ -521,28 +514,28 @@ impl Drop for Filter {
     }
 }
 
-fn header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
-    Headers::new(pairs).get(name).unwrap_or(b"")
+fn header<'a>(map: &'a WireHeaders, name: &str) -> &'a [u8] {
+    Headers::wire(map).get(name).unwrap_or(b"")
 }
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let mut pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
-        if pairs
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case(POOL_HEADER))
-        {
+        if Headers::wire(&pairs).contains(POOL_HEADER) {
             // Only the policy picks a pool (and with it the route and the credential Envoy
-            // injects): a client-sent one is dropped before anything matches on it.
+            // injects): a client-sent one is dropped before anything matches on it, or the
+            // request is refused if it cannot be.
             if let Err(e) = abi::remove_header(MapType::HttpRequestHeaders, POOL_HEADER) {
-                log::warn!("llm_governor: could not remove a client-sent {POOL_HEADER}: {e}");
+                log::warn!("llm_governor: could not remove a client-sent {POOL_HEADER} ({e}); refusing the request");
+                let _ = abi::send_local_response(400, &[], b"x-llm-governor-pool is reserved\n");
+                return Action::Pause;
             }
-            pairs.retain(|(n, _)| !n.eq_ignore_ascii_case(POOL_HEADER));
+            pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
         }
         let view = RequestView {
             path: header(&pairs, ":path"),
             authority: header(&pairs, ":authority"),
-            headers: Headers::new(&pairs),
+            headers: Headers::wire(&pairs),
         };
         let now = abi::now_ms();
         let shared = self.shared.clone();
@@ -665,7 +658,7 @@ impl HttpContext for Filter {
             g.on_response_headers(
                 flow,
                 status,
-                &Headers::new(&pairs),
+                &Headers::wire(&pairs),
                 end_of_stream,
                 body_available,
                 env,
