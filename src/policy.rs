@@ -71,6 +71,13 @@ pub struct Flow {
     pub held_ms: Option<u64>,
 }
 
+impl Flow {
+    /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
+    pub fn owes_at_end(&self) -> bool {
+        !self.slots.is_empty() || self.released
+    }
+}
+
 /// Why a request cannot go now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Blocked {

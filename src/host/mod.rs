@@ -483,7 +483,9 @@ impl Filter {
         }
         let shared = self.shared.clone();
         let id = self.context_id;
-        let now = abi::now_ms();
+        // Most streams owe nothing at their end: read the clock only for those that do.
+        let now = std::cell::OnceCell::new();
+        let now = || *now.get_or_init(abi::now_ms);
         if let Some(Wait::ResponseBody { flow, .. }) = shared.take_wait(id) {
             self.flow = Some(flow);
         }
@@ -492,15 +494,15 @@ impl Filter {
         }
         if self.still_held() {
             if let Ok(mut holds) = shared.holds.try_borrow_mut() {
-                shared.with_env(now, |_, env| holds.forget(id, env));
+                shared.with_env(now(), |_, env| holds.forget(id, env));
             }
             if let Ok(mut s) = shared.held_ids.try_borrow_mut() {
                 s.remove(&id);
             }
         }
         let usage = self.usage.take().and_then(|s| s.total());
-        if let Some(flow) = self.flow() {
-            shared.with_env(now, |g, env| g.on_stream_end(flow, usage, env));
+        if let Some(flow) = self.flow().filter(|f| f.owes_at_end() || usage.is_some()) {
+            shared.with_env(now(), |g, env| g.on_stream_end(flow, usage, env));
         }
         shared.tick_as_needed();
     }
