@@ -88,6 +88,7 @@ impl Holds {
         id: u32,
         env: &mut Env,
     ) -> Step {
+        gov.on_arrival(&flow, env);
         let key = queue_key(&flow);
         if let Some(last) = self.queues.get(&key).and_then(|q| q.back()) {
             // Held requests of this (pool, account) go first: wait behind them.

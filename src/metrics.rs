@@ -28,10 +28,14 @@ pub enum Counter {
     HoldExpired,
     /// A request of this pool was steered to one of its fallbacks.
     Failover,
+    /// An attempt the client marked as a retry (`x-stainless-retry-count` > 0).
+    ClientRetries,
+    /// A call that succeeded only after a retry (a 2xx to an attempt marked as a retry).
+    SucceededAfterRetry,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 20] = [
         Counter::UpstreamRateLimited,
         Counter::UpstreamQuotaExhausted,
         Counter::UpstreamOverloaded,
@@ -50,6 +54,8 @@ impl Counter {
         Counter::HoldReleased,
         Counter::HoldExpired,
         Counter::Failover,
+        Counter::ClientRetries,
+        Counter::SucceededAfterRetry,
     ];
 
     pub fn index(self) -> usize {
@@ -76,6 +82,8 @@ impl Counter {
             Counter::HoldReleased => "hold_released",
             Counter::HoldExpired => "hold_expired",
             Counter::Failover => "failover",
+            Counter::ClientRetries => "client_retries",
+            Counter::SucceededAfterRetry => "succeeded_after_retry",
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct Flow {
     pub released: bool,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
+    /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
+    pub client_retry: bool,
 }
 
 impl Flow {
@@ -233,6 +235,7 @@ impl Governor {
             slots: Vec::new(),
             released: false,
             held_ms: None,
+            client_retry: is_client_retry(&req.headers),
         };
         self.govern_as(&mut flow, pool);
         flow
@@ -270,9 +273,17 @@ impl Governor {
         (flow.pool != flow.home_pool).then(|| self.cfg.pools[flow.pool].name.as_str())
     }
 
+    /// Count a client retry (once per request, on its home pool).
+    pub fn on_arrival(&self, flow: &Flow, env: &mut Env) {
+        if flow.client_retry {
+            env.metrics.count(flow.home_pool, Counter::ClientRetries);
+        }
+    }
+
     /// A request that is not held: forwarded now, or answered locally at once.
     pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
         let mut flow = self.flow_for(req);
+        self.on_arrival(&flow, env);
         match self.admit(&mut flow, env) {
             Admission::Go => RequestDecision::Forward(flow),
             Admission::Wait(b) => {
@@ -637,6 +648,10 @@ impl Governor {
     }
 
     fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
+        if flow.client_retry {
+            env.metrics
+                .count(flow.home_pool, Counter::SucceededAfterRetry);
+        }
         if !self.cfg.cooldown.enabled {
             return;
         }
@@ -817,6 +832,14 @@ pub(crate) fn holds_slot(kind: LimitKind) -> bool {
 /// The in-flight gauge moves with slots taken and given back.
 pub(crate) fn in_flight_moved(env: &mut Env, pool: usize, delta: i64) {
     env.metrics.add(pool, Gauge::InFlight, delta);
+}
+
+/// The official SDKs send `x-stainless-retry-count` on every attempt: 0 on the first, n on the
+/// n-th retry. Anything but a positive integer is not a retry.
+fn is_client_retry(h: &Headers) -> bool {
+    h.get_str("x-stainless-retry-count")
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|n| n > 0)
 }
 
 fn strip_bearer(v: &[u8]) -> &[u8] {

@@ -1,0 +1,43 @@
+//! The retry signals the official SDKs send: `x-stainless-retry-count` on every attempt.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Host;
+use llm_governor::hold::Step;
+use llm_governor::metrics::Counter;
+
+const PATH: &str = "/v1/chat/completions";
+const A: (&str, &str) = ("authorization", "Bearer sk-a");
+
+fn attempt(host: &mut Host, count: &str, status: u16) {
+    match host.arrive(1, PATH, &[A, ("x-stainless-retry-count", count)]) {
+        Step::Go(mut flow) => {
+            host.answer(&mut flow, status, &[("retry-after", "1")], "");
+            host.end(&mut flow);
+        }
+        other => panic!("expected to go, got {other:?}"),
+    }
+    host.advance(2_000);
+}
+
+#[test]
+fn retries_and_successes_after_a_retry_are_counted() {
+    let mut host = Host::new("{}");
+    attempt(&mut host, "0", 200); // a first attempt: neither
+    attempt(&mut host, "1", 429); // a retry that failed again
+    attempt(&mut host, "2", 200); // a retry that succeeded
+    assert_eq!(host.metrics.count_of(0, Counter::ClientRetries), 2);
+    assert_eq!(host.metrics.count_of(0, Counter::SucceededAfterRetry), 1);
+}
+
+#[test]
+fn malformed_retry_counts_are_not_retries() {
+    let mut host = Host::new("{}");
+    for bad in ["-1", "x", "", "1.5", "99999999999"] {
+        attempt(&mut host, bad, 200);
+    }
+    assert_eq!(host.metrics.count_of(0, Counter::ClientRetries), 0);
+    assert_eq!(host.metrics.count_of(0, Counter::SucceededAfterRetry), 0);
+}
