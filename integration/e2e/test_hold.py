@@ -356,3 +356,13 @@ def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factor
     assert sorted(r[0] for r in results) == [200, 200]
     assert status == 429 and headers["x-llm-governor-source"] == "limit", headers
     assert wait_for(lambda: stat(envoy, "in_flight") == 0)
+
+
+def test_sdk_retries_are_counted_from_x_stainless_retry_count(governor, sim):
+    key = new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after_s": 1, "count": 1, "keys": [key]})
+    client = openai.OpenAI(base_url=governor.url + "/v1", api_key=key, timeout=30, max_retries=2)
+    assert client.chat.completions.create(**CHAT).choices[0].message.content
+    assert [q["status"] for q in sim.requests_for(key)] == [429, 200]
+    assert stat(governor, "client_retries") == 1
+    assert stat(governor, "succeeded_after_retry") == 1
