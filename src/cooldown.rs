@@ -38,6 +38,10 @@ pub struct CooldownRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Pace {
     pub active: bool,
+    /// The "not now" that started this pace reported requests left (a concurrency or token
+    /// limit, not the request window): `remaining` then says nothing about what the provider
+    /// can take, and releases double instead.
+    pub ignore_remaining: bool,
     /// Releases open now.
     pub credits: u16,
     /// Released requests whose answer has not come yet.
@@ -68,7 +72,7 @@ impl CooldownRecord {
         out[12..16].copy_from_slice(&self.spread_ms.to_le_bytes());
         out[16] = self.class.to_byte();
         out[17] = self.streak;
-        out[18] = u8::from(self.pace.active);
+        out[18] = u8::from(self.pace.active) | u8::from(self.pace.ignore_remaining) << 1;
         out[19..21].copy_from_slice(&self.pace.credits.to_le_bytes());
         out[21..23].copy_from_slice(&self.pace.out.to_le_bytes());
         out[23..31].copy_from_slice(&self.pace.last_release_ms.to_le_bytes());
@@ -77,7 +81,7 @@ impl CooldownRecord {
 
     /// None for bytes this code did not write.
     pub fn decode(b: &[u8]) -> Option<CooldownRecord> {
-        if b.len() != Self::LEN || b[18] > 1 {
+        if b.len() != Self::LEN || b[18] > 3 {
             return None;
         }
         Some(CooldownRecord {
@@ -87,7 +91,8 @@ impl CooldownRecord {
             class: Class::from_byte(b[16])?,
             streak: b[17],
             pace: Pace {
-                active: b[18] == 1,
+                active: b[18] & 1 == 1,
+                ignore_remaining: b[18] & 2 == 2,
                 credits: u16::from_le_bytes(b[19..21].try_into().ok()?),
                 out: u16::from_le_bytes(b[21..23].try_into().ok()?),
                 last_release_ms: u64::from_le_bytes(b[23..31].try_into().ok()?),
@@ -246,8 +251,9 @@ pub fn unpass(rec: CooldownRecord) -> CooldownRecord {
 pub enum Answer {
     /// A success; `remaining` is the provider's remaining requests, when it said.
     Success { remaining: Option<u64> },
-    /// The provider said "not now" again (the caller also merges the new cooldown).
-    NotNow,
+    /// The provider said "not now" again (the caller also merges the new cooldown);
+    /// `requests_left`: its own headers still reported requests left in the window.
+    NotNow { requests_left: bool },
     /// Anything else: an error that is not a rate limit, or a stream that ended unanswered.
     Other,
 }
@@ -260,13 +266,14 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> Cooldown
         p.out = p.out.saturating_sub(1);
     }
     match answer {
-        Answer::NotNow => {
+        Answer::NotNow { requests_left } => {
             p.active = true;
             p.credits = 0;
+            p.ignore_remaining = requests_left;
         }
         Answer::Success { .. } if !p.active => {}
         Answer::Success { remaining } => {
-            let open = match remaining {
+            let open = match remaining.filter(|_| !p.ignore_remaining) {
                 // What the provider has left, less what is already on its way to it.
                 Some(r) => r.saturating_sub(u64::from(p.out)),
                 // Slow start: each success brings its own release back and one more.

@@ -662,7 +662,10 @@ impl Governor {
                     class: Class::RateLimited,
                     ms,
                 });
-                if self.cool(flow, wanted, 0, Answer::NotNow, env) {
+                let answer = Answer::NotNow {
+                    requests_left: false,
+                };
+                if self.cool(flow, wanted, 0, answer, env) {
                     env.metrics.count(flow.pool, Counter::PreemptiveCooldown);
                 }
                 return;
@@ -751,7 +754,10 @@ impl Governor {
         }
         if cd.enabled {
             let wanted = cool_ms.map(|ms| Wanted { class, ms });
-            self.cool(flow, wanted, streak, Answer::NotNow, env);
+            // A 429 whose own headers still report requests left came from another limit
+            // (concurrency, tokens): the pace after it must not trust `remaining`.
+            let requests_left = snap.requests.remaining.is_some_and(|r| r > 0);
+            self.cool(flow, wanted, streak, Answer::NotNow { requests_left }, env);
         } else {
             flow.released = false;
         }

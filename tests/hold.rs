@@ -408,3 +408,33 @@ fn deadline_headers_are_read_safely() {
     };
     assert_eq!(budget(&off, &[]), 0);
 }
+
+#[test]
+fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_remaining() {
+    // A concurrency limit's 429 still says 59 requests left: that number is not what the
+    // provider can take at once, so the pace doubles (the overnight storm released everyone).
+    let mut host = Host::new(CFG);
+    let f = host.forward(PATH, &[A]);
+    host.respond(
+        &f,
+        429,
+        &[
+            ("retry-after", "1"),
+            ("x-ratelimit-remaining-requests", "59"),
+        ],
+        RL,
+    );
+    for id in 1..=8 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    host.advance(1_000);
+    let mut probe = flows(host.tick());
+    assert_eq!(probe.len(), 1);
+    host.answer(
+        &mut probe[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "59")],
+        "",
+    );
+    assert_eq!(gone(&host.tick()), [2, 3], "two, not all seven");
+}
