@@ -39,7 +39,7 @@ def timeline(rows: list, path: Path, bin_ms: int = BIN_MS):
         ax.set_yscale("symlog", linthresh=10)
         ax.set_ylim(0, peak * 1.3)
         label = (f"({r['config']}) {r['config_name']}\n{r['per_call']:.2f} req/call, "
-                 f"{r['completed']}/{r['clients']} done")
+                 f"{r['completed']}/{r['calls']} done")
         ax.text(0.995, 0.93, label, transform=ax.transAxes, ha="right", va="top", fontsize=7.5,
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
         ax.tick_params(labelsize=7)

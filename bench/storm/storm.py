@@ -1,25 +1,37 @@
-"""`make storm`: the 429 storm through five configurations, side by side in one run.
+"""`make storm`: 429 storms through several gateway configurations, side by side.
 
-    .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,replay] [--configs abcdef]
+    .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,overnight,replay] [--configs abcdefg]
+                                          [--repeat N] [--no-plot]
 
 Configurations: (a) no gateway, (b) Envoy retrying 429 x3, (c) Envoy with
 rate_limited_retry_back_off, (d) LiteLLM's proxy with num_retries: 3, (e) Envoy + llm-governor
-(one pool for /v1/chat, defaults). Scenarios and the definitions of every figure: storm_core.py
-and BENCHMARKS.md (## Storm, ## Replay). Writes bench/out/storm/results.json and one timeline PNG
-per scenario, and prints the tables.
+(one pool for /v1/chat, defaults: hold on), (f) (e) with retry_after.escalate, (g) (e) with
+hold off (`hold.max_ms: 0`). The overnight scenario runs its own set: (e-cap) llm-governor with
+`max_in_flight: 8` per account, (e), (g), (a), (d-cap) LiteLLM with the deployment's
+`max_parallel_requests: 8`, (d). `--configs` selects by letter (`e` selects e and e-cap).
+Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
+storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
+PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
+runs, every gateway restarted for each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import storm_core as core  # noqa: E402
+from storm_core import REPO_ROOT, analysis, gateways  # noqa: E402
+from storm_core.run import run_storm  # noqa: E402
+from storm_core.scenarios import SCENARIOS  # noqa: E402
+
+from harness import WASM_MODULE, Simulator  # noqa: E402
 
 PUBLISHED = {  # the published replay's table (shared/seeds/002): requests, completed, rate, peak
     "immediate": (480, 0, 0.0, 480),
@@ -27,29 +39,52 @@ PUBLISHED = {  # the published replay's table (shared/seeds/002): requests, comp
     "jittered": (480, 94, 0.783, 120),
 }
 
+# (header, figure, format); optional columns appear when some row has the figure.
+COLUMNS = [
+    ("completed", "completed", "{:.0f}/{calls}"),
+    ("upstream req / call", "per_call", "{:.2f}"),
+    ("provider 429s", "provider_429s", "{:.0f}"),
+    ("provider 429s after first wave", "late_429s", "{:.0f}"),
+    ("max late 429s in a cooldown round", "max_late_429s_per_round", "{:.0f}"),
+    ("client-visible 429s", "client_429s", "{:.0f}"),
+    ("of them local (filter)", "client_local_429s", "{:.0f}"),
+    ("p50 to completion", "p50_ms", "{:,.0f} ms"),
+    ("p99 to completion", "p99_ms", "{:,.0f} ms"),
+]
+OPTIONAL_COLUMNS = [
+    ("p99 / schedule minimum", "p99_over_schedule_min", "{:.3f}"),
+    ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
+    ("first success after recovery", "first_success_after_recovery_ms", "{:,.0f} ms"),
+]
 
-def fmt(v, unit=""):
-    if v is None:
+
+def cell(rows: list, figure: str, fmt: str) -> str:
+    values = [r[figure] for r in rows if r.get(figure) is not None]
+    if not values:
         return "–"
-    if isinstance(v, float):
-        return f"{v:,.0f}{unit}" if unit == " ms" else f"{v:g}{unit}"
-    return f"{v}{unit}"
+    show = lambda v: fmt.format(v, calls=rows[0]["calls"])  # noqa: E731
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        return show(lo) + ("" if len(values) == len(rows) else f" ({len(values)} of {len(rows)} runs)")
+    return f"{show(lo)} – {show(hi)} ({show(statistics.median(values))})"
 
 
-def storm_table(rows: list) -> str:
-    head = ("| config | upstream req / call | provider 429s | 429s after first wave | max late 429s in a cooldown round "
-            "| completed | p50 / p99 to completion | first success after recovery |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+def storm_table(rows: list, config_order: tuple) -> str:
+    """One row per configuration; with several runs, every cell is min – max (median)."""
+    columns = COLUMNS + [c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in rows)]
+    by_config: dict = {}
     for r in rows:
-        if "unavailable" in r:
-            lines.append(f"| ({r['config']}) {r['config_name']} | not run: {r['unavailable']} | | | | | | |")
+        by_config.setdefault(r["config"], []).append(r)
+    lines = ["| config | runs | " + " | ".join(c[0] for c in columns) + " |",
+             "|---|---:|" + "---:|" * len(columns)]
+    for key in sorted(by_config, key=lambda k: config_order.index(k) if k in config_order else len(config_order)):
+        runs = by_config[key]
+        measured = [r for r in runs if "unavailable" not in r]
+        label = f"({key}) {runs[0]['config_name']}"
+        if not measured:
+            lines.append(f"| {label} | 0 | not run: {runs[0]['unavailable']} |" + " |" * (len(columns) - 1))
             continue
-        lines.append(
-            f"| ({r['config']}) {r['config_name']} | {r['per_call']:.2f} | {r['provider_429s']} | {r['late_429s']} "
-            f"| {r['max_late_429s_per_round']} | {r['completed']}/{r['clients']} "
-            f"| {fmt(r['p50_ms'], ' ms')} / {fmt(r['p99_ms'], ' ms')} "
-            f"| {fmt(r.get('first_success_after_recovery_ms'), ' ms')} |"
-        )
+        lines.append(f"| {label} | {len(measured)} | " + " | ".join(cell(measured, c[1], c[2]) for c in columns) + " |")
     return "\n".join(lines)
 
 
@@ -60,7 +95,7 @@ def replay_table(rows: list) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, (req, done, rate, peak) in PUBLISHED.items():
-        off = core.published_replay(name)
+        off = analysis.published_replay(name)
         lines.append(
             f"| published: {name} | offline model | {rate:.1%} ({done}/120; re-run here: {off['completion_rate']:.1%}) "
             f"| {req} (re-run: {off['requests']}) | {peak} (re-run: {off['peak_100ms_in_throttled_window']}) | – | – |"
@@ -68,23 +103,31 @@ def replay_table(rows: list) -> str:
     for r in rows:
         kind = "Strategy C fixed" if "-fixed-" in r["scenario"] else "obey retry-after-ms"
         style = r["scenario"].rsplit("-", 1)[1]
+        label = f"| {kind} (hint in {style}) | ({r['config']}) {r['config_name']} |"
         if "unavailable" in r:
-            lines.append(f"| {kind} (hint in {style}) | ({r['config']}) {r['config_name']} | not run: {r['unavailable']} | | | | |")
+            lines.append(f"{label} not run: {r['unavailable']} | | | | |")
             continue
         lines.append(
-            f"| {kind} (hint in {style}) | ({r['config']}) {r['config_name']} | {r['completion_rate']:.1%} "
-            f"| {r['upstream_requests']} | {r['peak_100ms_in_throttled_window']} "
-            f"| {r['late_requests_in_throttled_window']} | {fmt(r.get('first_success_after_recovery_ms'), ' ms')} |"
+            f"{label} {r['completion_rate']:.1%} | {r['upstream_requests']} | {r['peak_100ms_in_throttled_window']} "
+            f"| {r['late_requests_in_throttled_window']} | {cell([r], 'first_success_after_recovery_ms', '{:,.0f} ms')} |"
         )
     return "\n".join(lines)
 
 
+def module_digest() -> str:
+    try:
+        return hashlib.sha256(WASM_MODULE.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="issue3,issue5,replay")
-    ap.add_argument("--configs", default="abcdef")
-    ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (b, c, e)")
-    ap.add_argument("--out", default=str(core.REPO_ROOT / "bench" / "out" / "storm"))
+    ap.add_argument("--scenarios", default="issue3,issue5,overnight,replay")
+    ap.add_argument("--configs", default="abcdefg", help="configuration letters (e also selects e-cap)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of everything, gateways restarted each time")
+    ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (b, c, e, f, g)")
+    ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "storm"))
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args()
 
@@ -94,48 +137,54 @@ def main() -> int:
     if not gitignore.exists():
         gitignore.write_text("# bench outputs are regenerated, never committed\n*\n")
 
-    storms = [s for name in args.scenarios.split(",") for s in core.SCENARIOS[name]()]
+    storms = [s for name in args.scenarios.split(",") for s in SCENARIOS[name]()]
+    wanted = {s.name: [k for k in s.configs if k[0] in args.configs] for s in storms}
+    keys = list(dict.fromkeys(k for s in storms for k in wanted[s.name]))
     results: list = []
+    digest = module_digest()  # before any Envoy loads it: a rebuild during the run would show here
     started = time.time()
-    sim = core.Simulator().start()
+    sim = Simulator().start()
     try:
-        for key in args.configs:
-            gateway = core.make_gateway(key, sim, args.concurrency)
-            try:
-                gateway.start()
-            except (core.LiteLLMUnavailable, core.HarnessError) as err:
-                reason = str(err).splitlines()[0]
-                print(f"({key}) {gateway.name}: not run: {reason}", flush=True)
-                results += [{"scenario": s.name, "title": s.title, "config": key, "config_name": gateway.name,
-                             "unavailable": reason} for s in storms]
-                continue
-            try:
-                for storm in storms:
-                    t = time.time()
-                    r = core.run_storm(storm, gateway, sim)
-                    results.append(r)
-                    print(f"({key}) {storm.name}: {r['per_call']:.2f} req/call, {r['provider_429s']} 429s "
-                          f"({r['late_429s']} late), {r['completed']}/{r['clients']} completed "
-                          f"[{time.time() - t:.1f}s]", flush=True)
-            finally:
-                gateway.stop()
+        for rep in range(args.repeat):
+            for key in keys:
+                mine = [s for s in storms if key in wanted[s.name]]
+                gateway = gateways.make_gateway(key, sim, args.concurrency)
+                try:
+                    gateway.start()
+                except gateways.GatewayUnavailable as err:
+                    reason = str(err).splitlines()[0]
+                    print(f"({key}) {gateway.name}: not run: {reason}", flush=True)
+                    results += [{"scenario": s.name, "title": s.title, "config": key, "config_name": gateway.name,
+                                 "repeat": rep, "unavailable": reason} for s in mine]
+                    continue
+                try:
+                    for storm in mine:
+                        t = time.time()
+                        r = run_storm(storm, gateway, sim)
+                        r["repeat"] = rep
+                        results.append(r)
+                        print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']}/{r['calls']} completed, "
+                              f"{r['per_call']:.2f} req/call, {r['provider_429s']} provider 429s ({r['late_429s']} after "
+                              f"the first wave of {r['first_wave']}), {r['client_429s']} seen by clients, "
+                              f"p99 {r['p99_ms']} ms [{time.time() - t:.1f}s]", flush=True)
+                finally:
+                    gateway.stop()
     finally:
         sim.stop()
 
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
-            "envoy_concurrency": args.concurrency, "litellm": core.litellm_version(),
-            "first_wave_ms": core.FIRST_WAVE_MS}
+            "argv": sys.argv[1:], "envoy_concurrency": args.concurrency, "litellm": gateways.litellm_version(),
+            "wasm_module": str(WASM_MODULE), "wasm_module_sha256": digest, "first_wave_gap_ms": analysis.FIRST_WAVE_GAP_MS}
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
 
     by_scenario: dict = {}
     for r in results:
         by_scenario.setdefault(r["scenario"], []).append(r)
+    order = {s.name: s.configs for s in storms}
     print()
     for name, rows in by_scenario.items():
-        if name.startswith("replay"):
-            continue
-        print(f"### {rows[0]['title']}\n")
-        print(storm_table(rows) + "\n")
+        if not name.startswith("replay"):
+            print(f"### {rows[0]['title']}\n\n{storm_table(rows, order[name])}\n")
     replays = [r for name, rows in by_scenario.items() if name.startswith("replay") for r in rows]
     if replays:
         print("### replay: 120 clients, provider 429 until 2,000 ms (hint 2 s), 4 attempts, 2,500 ms budget\n")
@@ -144,10 +193,10 @@ def main() -> int:
         import plot
 
         for name, rows in by_scenario.items():
-            path = plot.timeline(rows, out / f"{name}.png")
+            path = plot.timeline([r for r in rows if r.get("repeat", 0) == 0], out / f"{name}.png")
             if path:
                 print(f"plot: {path}")
-    print(f"results: {out / 'results.json'} ({meta['seconds']} s)")
+    print(f"results: {out / 'results.json'} ({meta['seconds']} s, module {meta['wasm_module_sha256']})")
     return 0
 
 

@@ -1,0 +1,185 @@
+"""The figures of a storm, read from what the simulator logged for the run's key (arrival time,
+status, `decision`, `hint_ms`; `max_in_flight_by_key`) and from what the clients received.
+Nothing of the simulator's window or the filter's cooldown is re-derived here.
+
+Definitions (also in BENCHMARKS.md):
+
+- t = 0 is the instant the clients are released; an upstream request's time is the simulator's
+  `unix_ms` (arrival) minus t = 0.
+- **Cold first wave**: the initial burst as the provider saw it. Starting from the first upstream
+  request, the requests that each arrive less than FIRST_WAVE_GAP_MS (100 ms) after the one
+  before, at most one per client (the first `clients` requests). The log has arrival times only,
+  and with no latency an answer is written the instant its request arrives, so "before the
+  first answer came back" cannot be read from it; what can is that the burst is contiguous,
+  while anything sent after an answer was known comes after a pause: a client's or gateway's
+  wait (here 0.3 to 3 s) or the provider's latency. Requests in the burst were sent before the
+  gateway could know anything and cannot be spared. A burst smeared by a busy machine stays
+  one wave as long as it has no 100 ms hole; instant gateway retries (Envoy's, b) continue it,
+  and the one-per-client bound ends it. Every other upstream request is "after the first wave".
+- **Cooldown round**: a provider 429 that arrives at t, outside any round, with hint h (`hint_ms`,
+  the retry hint the simulator logged as a client reads it) opens the round [t, t + h). A 429
+  that arrives inside a round belongs to it and extends it to its own t + h if later (the
+  latest "not before" the provider has given). A 429 without a hint is a round of its own.
+  **max late 429s in a round** counts, per round, the 429s after the first wave: the issue's
+  "at most one provider 429 per cooldown round after the first wave" is max <= 1.
+- **client-visible 429s**: status 429 answers the clients received (the SDK's response hook, or
+  the raw client), whoever sent them; **local** ones are those with `x-llm-governor-source`
+  `cooldown` or `limit` (answered by the filter, not the provider).
+- **p50 / p99**: time to completion of the completed calls. **p99 / schedule minimum**: p99
+  divided by the earliest time the last call can complete (issue 3: 9,000 ms, the fourth
+  window).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple, Optional
+
+from .clients import strategy_c_delay_ms
+from .scenarios import Storm
+
+FIRST_WAVE_GAP_MS = 100.0
+
+
+class Upstream(NamedTuple):
+    """One request as the provider logged it."""
+
+    t_ms: float
+    status: int
+    decision: str
+    hint_ms: Optional[int]
+
+
+def upstream(entries: list, t0_unix_ms: float) -> list:
+    return [Upstream(q["unix_ms"] - t0_unix_ms, int(q["status"]), q.get("decision", ""), q.get("hint_ms"))
+            for q in entries]
+
+
+def first_wave(up: list, clients: int) -> int:
+    """How many of the first upstream requests form the cold first wave (module doc)."""
+    n = 0
+    while n < min(clients, len(up)) and (n == 0 or up[n].t_ms - up[n - 1].t_ms < FIRST_WAVE_GAP_MS):
+        n += 1
+    return n
+
+
+def cooldown_rounds(up: list, wave: int) -> list:
+    """Rounds of provider 429s (module doc): [{start_ms, end_ms, first_wave_429s, late_429s}]."""
+    rounds: list = []
+    for i, u in enumerate(up):
+        if u.status != 429:
+            continue
+        end = u.t_ms + (u.hint_ms or 0)
+        if not rounds or u.t_ms >= rounds[-1]["end_ms"]:
+            rounds.append({"start_ms": u.t_ms, "end_ms": end, "first_wave_429s": 0, "late_429s": 0})
+        r = rounds[-1]
+        r["end_ms"] = max(r["end_ms"], end)
+        r["first_wave_429s" if i < wave else "late_429s"] += 1
+    return rounds
+
+
+def percentile(values: list, p: float) -> Optional[float]:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))], 1)
+
+
+def measure(storm: Storm, config: str, config_name: str, results: list, entries: list, t0_unix_ms: float,
+            phase_starts_ms: list, provider_max_in_flight: int, gateway_info: dict) -> dict:
+    up = upstream(entries, t0_unix_ms)
+    wave = first_wave(up, storm.clients)
+    rounds = cooldown_rounds(up, wave)
+    rejected = [i for i, u in enumerate(up) if u.status == 429]
+    attempts = [a for r in results for a in r.attempts]
+    ok = [r for r in results if r.ok]
+    durations = [r.end_ms - r.start_ms for r in ok]
+    p99 = percentile(durations, 99)
+    out: dict = {
+        "scenario": storm.name,
+        "title": storm.title,
+        "config": config,
+        "config_name": config_name,
+        "clients": storm.clients,
+        "calls": storm.calls,
+        "completed": len(ok),
+        "completion_rate": round(len(ok) / storm.calls, 3),
+        "upstream_requests": len(up),
+        "per_call": round(len(up) / storm.calls, 2),
+        "provider_429s": len(rejected),
+        "provider_429s_by_decision": _count(up[i].decision for i in rejected),
+        "first_wave": wave,
+        "first_wave_span_ms": round(up[wave - 1].t_ms - up[0].t_ms, 1) if wave else None,
+        "first_wave_429s": sum(1 for i in rejected if i < wave),
+        "late_429s": sum(1 for i in rejected if i >= wave),
+        "rounds": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
+        "max_late_429s_per_round": max((r["late_429s"] for r in rounds), default=0),
+        "client_429s": sum(1 for a in attempts if a.status == 429),
+        "client_local_429s": sum(1 for a in attempts if a.status == 429 and a.source in ("cooldown", "limit")),
+        "client_attempts": len(attempts),
+        "held_answers": sum(1 for a in attempts if a.held_ms is not None),
+        "max_held_ms": max((a.held_ms for a in attempts if a.held_ms is not None), default=None),
+        "provider_max_in_flight": provider_max_in_flight,
+        "p50_ms": percentile(durations, 50),
+        "p99_ms": p99,
+        "errors": _count(r.error for r in results if not r.ok),
+        "upstream": [[round(u.t_ms, 1), u.status] for u in up],
+        "client_ends": [[round(r.end_ms, 1), r.ok] for r in results],
+        "gateway": gateway_info,
+    }
+    if storm.schedule_min_ms:
+        out["schedule_min_ms"] = storm.schedule_min_ms
+        out["p99_over_schedule_min"] = None if p99 is None else round(p99 / storm.schedule_min_ms, 3)
+    if storm.recovers_in_phase is not None and storm.recovers_in_phase < len(phase_starts_ms):
+        rec = phase_starts_ms[storm.recovers_in_phase] + storm.recovers_after_ms
+        after = [u.t_ms for u in up if u.decision == "ok" and u.t_ms >= rec]
+        out["recovers_at_ms"] = round(rec, 1)
+        out["first_success_after_recovery_ms"] = round(min(after) - rec, 1) if after else None
+        throttled = [i for i, u in enumerate(up) if u.t_ms < rec]
+        out["throttled_window_requests"] = len(throttled)
+        out["peak_100ms_in_throttled_window"] = _peak([up[i].t_ms for i in throttled])
+        out["late_requests_in_throttled_window"] = sum(1 for i in throttled if i >= wave)
+    return out
+
+
+def _peak(times: list) -> int:
+    buckets: dict = {}
+    for t in times:
+        buckets[int(t // 100)] = buckets.get(int(t // 100), 0) + 1
+    return max(buckets.values(), default=0)
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def published_replay(strategy: str, clients: int = 120, recover_ms: int = 2000, attempts: int = 4,
+                     budget_ms: int = 2500, seed: int = 107) -> dict:
+    """The published replay's own model, offline: only attempts at t >= recover_ms succeed."""
+    rng = random.Random(seed)
+    sent, completed, times = 0, 0, []
+    for _ in range(clients):
+        at = 0.0
+        for attempt in range(1, attempts + 1):
+            sent += 1
+            times.append(at)
+            if at >= recover_ms:
+                completed += 1
+                break
+            if strategy == "immediate":
+                delay = 0
+            elif strategy == "exponential":
+                delay = 250 * 2 ** (attempt - 1)
+            else:
+                delay = strategy_c_delay_ms(attempt, rng.randrange(0, 251))
+            if attempt == attempts or at + delay > budget_ms:
+                break
+            at += delay
+    throttled = [t for t in times if t < recover_ms]
+    return {"strategy": strategy, "requests": sent, "completed": completed,
+            "completion_rate": round(completed / clients, 3), "peak_100ms_in_throttled_window": _peak(throttled),
+            "final_attempt_ms": max(times)}

@@ -1,0 +1,300 @@
+"""The clients of a storm: official `openai` SDK clients (their own retries and backoff), or raw
+HTTP/1.1 clients on a fixed schedule (the published replay). All are released together at
+t = 0; every answer a client receives is recorded as an Attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+from .scenarios import MESSAGES, MODEL, Storm
+
+
+@dataclass
+class Attempt:
+    """One answer a client received."""
+
+    t_ms: float  # when it arrived, relative to t = 0
+    status: int
+    source: str  # x-llm-governor-source, "" when absent
+    retry_after_ms: Optional[float]  # the hint as the SDKs read it
+    held_ms: Optional[float]  # x-llm-governor-held-ms: the gateway held the request this long
+
+
+@dataclass
+class CallResult:
+    client: int
+    call: int
+    ok: bool
+    start_ms: float
+    end_ms: float
+    error: str = ""
+    attempts: list = field(default_factory=list)
+
+
+class Clock:
+    """t = 0 is the moment the clients are released."""
+
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self.t0_unix_ms = 0.0
+        self.started = asyncio.Event()
+
+    def start(self) -> None:
+        self.t0 = time.monotonic() * 1000
+        self.t0_unix_ms = time.time() * 1000
+        self.started.set()
+
+    def now_ms(self) -> float:
+        return time.monotonic() * 1000 - self.t0
+
+
+def retry_after_s(headers) -> Optional[float]:
+    """The SDKs' reading: `retry-after-ms`, then `retry-after` in seconds or as an HTTP date."""
+    for name, div in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        v = headers.get(name)
+        if v is None:
+            continue
+        try:
+            return float(v) / div
+        except ValueError:
+            continue
+    v = headers.get("retry-after")
+    try:
+        parsed = email.utils.parsedate_tz(v) if v else None
+    except (TypeError, ValueError):
+        parsed = None
+    if parsed is None:
+        return None
+    return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+
+
+def attempt_from(t_ms: float, status: int, headers) -> Attempt:
+    hint = retry_after_s(headers)
+    held = headers.get("x-llm-governor-held-ms")
+    return Attempt(t_ms, status, headers.get("x-llm-governor-source", ""),
+                   None if hint is None else hint * 1000, None if held is None else float(held))
+
+
+def strategy_c_delay_ms(attempt: int, draw: int) -> float:
+    """The published schedule: min(250 * 2^(attempt-1) + rand(0, 250), 1500)."""
+    return min(250 * (2 ** (attempt - 1)) + draw, 1500)
+
+
+def sdk_backoff_s(retries_done: int) -> float:
+    """openai-python's fallback when no hint: 0.5 s * 2^n, capped 8 s, minus up to 25 %."""
+    return min(0.5 * 2.0 ** retries_done, 8.0) * (1 - 0.25 * random.random())
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection sending a pre-encoded chat completion.
+
+    The replay's 120 clients must really start together: building 120 SDK requests in one
+    Python process takes hundreds of ms on this machine, which would smear the first wave past
+    what the published fixture means by "120 clients start at t = 0". The replay clients are
+    not SDK clients anyway (their schedule is the point), so they send bytes prepared before
+    t = 0 and read status and headers exactly as the SDKs interpret them.
+    """
+
+    def __init__(self, base_url: str, api_key: str):
+        u = urlsplit(base_url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        body = json.dumps({"model": MODEL, "messages": MESSAGES}).encode()
+        self.request = (
+            f"POST {u.path.rstrip('/')}/chat/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.reader = self.writer = None
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def call(self) -> tuple:
+        """(status, lower-cased headers) of one request; reconnects once if the peer closed."""
+        for attempt in range(2):
+            try:
+                if self.writer is None:
+                    await self.connect()
+                self.writer.write(self.request)
+                await self.writer.drain()
+                head = await self.reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                status = int(lines[0].split()[1])
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                if "content-length" in headers:
+                    await self.reader.readexactly(int(headers["content-length"]))
+                elif headers.get("transfer-encoding", "").lower() == "chunked":
+                    while True:
+                        size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                        await self.reader.readexactly(size + 2)
+                        if size == 0:
+                            break
+                if headers.get("connection", "").lower() == "close":
+                    await self.close()
+                return status, headers
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                await self.close()
+                if attempt:
+                    raise
+        raise ConnectionError("unreachable")
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+        self.reader = self.writer = None
+
+
+class SdkClients:
+    """One `openai.AsyncOpenAI` per client (max_retries=3, its own connection); each makes
+    `storm.calls_per_client` calls in turn. A response hook records every answer it receives."""
+
+    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+        import openai
+
+        self.storm, self.clock = storm, clock
+        self.warming = True
+        self.current: list = [[] for _ in range(storm.clients)]  # attempts of each client's current call
+        self.clients = [
+            openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, max_retries=3, timeout=30.0,
+                http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
+            )
+            for i in range(storm.clients)
+        ]
+
+    def _hook(self, i: int):
+        async def on_response(response):
+            if not self.warming:
+                self.current[i].append(attempt_from(self.clock.now_ms(), response.status_code, response.headers))
+        return on_response
+
+    async def prepare(self) -> None:
+        """Warms every client before t = 0: the SDK's first call builds its machinery and opens
+        the connection, which otherwise smears the "simultaneous" first wave over hundreds of
+        ms. GET /v1/models is a 404 at the simulator (never logged), outside the filter's
+        pools, and LiteLLM answers it itself."""
+        async def warm(c):
+            try:
+                await c.models.list()
+            except Exception:  # noqa: BLE001 - only the side effects matter
+                pass
+        await asyncio.gather(*(warm(c) for c in self.clients))
+        self.warming = False
+
+    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
+        await go.wait()
+        for call in range(self.storm.calls_per_client):
+            self.current[i] = attempts = []
+            start = self.clock.now_ms()
+            try:
+                await self.clients[i].chat.completions.create(model=MODEL, messages=MESSAGES)
+                ok, error = True, ""
+            except Exception as err:  # noqa: BLE001 - every failure is a data point
+                ok, error = False, type(err).__name__
+            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+
+
+class ScheduledClients:
+    """Raw clients making at most `max_attempts` attempts inside `budget_ms`, on the published
+    fixed schedule ("fixed") or obeying the hint as the SDKs read it ("obey")."""
+
+    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+        self.storm, self.clock = storm, clock
+        self.current: list = [[] for _ in range(storm.clients)]
+        self.raw = [RawClient(base_url, api_key) for _ in range(storm.clients)]
+        # Strategy C draws: client-major order from one generator seeded 107, so a run is reproducible.
+        rng = random.Random(storm.seed)
+        self.draws = [[rng.randrange(0, 251) for _ in range(storm.max_attempts)] for _ in range(storm.clients)]
+
+    async def prepare(self) -> None:
+        await asyncio.gather(*(c.connect() for c in self.raw))
+
+    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
+        await go.wait()
+        storm, now = self.storm, self.clock.now_ms
+        attempts = self.current[i]
+        start, scheduled, error = now(), 0.0, ""
+        for attempt in range(1, storm.max_attempts + 1):
+            if scheduled > now():
+                await asyncio.sleep((scheduled - now()) / 1000)
+            left_s = None if storm.budget_ms is None else max(0.001, (storm.budget_ms - now()) / 1000)
+            try:
+                # The budget is total: an answer that comes after it is a failure, whoever held it.
+                status, headers = await asyncio.wait_for(self.raw[i].call(), timeout=left_s)
+            except asyncio.TimeoutError:
+                await self.raw[i].close()
+                error = "budget expired waiting for an answer"
+                break
+            except (ConnectionError, OSError, asyncio.IncompleteReadError) as err:
+                status, headers, error = 0, {}, type(err).__name__
+            t = now()
+            if status:
+                attempts.append(attempt_from(t, status, headers))
+            if 200 <= status < 300:
+                results[i].append(CallResult(i, 0, True, start, t, "", attempts))
+                return
+            error = f"HTTP {status}" if status else error
+            if headers.get("x-should-retry") == "false" or attempt == storm.max_attempts:
+                break
+            if storm.client_kind == "fixed":
+                # The published replay schedules from the attempt's scheduled time.
+                nxt = scheduled + strategy_c_delay_ms(attempt, self.draws[i][attempt - 1])
+            else:
+                hint = retry_after_s(headers)
+                nxt = t + 1000 * (hint if hint is not None and 0 < hint <= 120 else sdk_backoff_s(attempt - 1))
+            if storm.budget_ms is not None and nxt > storm.budget_ms:
+                error += " (next attempt past budget)"
+                break
+            scheduled = nxt
+        results[i].append(CallResult(i, 0, False, start, now(), error, attempts))
+
+    async def close(self) -> None:
+        for c in self.raw:
+            await c.close()
+
+
+async def run_clients(storm: Storm, base_url: str, api_key: str, clock: Clock,
+                      on_release: Callable[[], None]) -> list:
+    """Releases every client at once (on_release runs just before t = 0) and returns one
+    CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"."""
+    kind = SdkClients if storm.client_kind == "sdk" else ScheduledClients
+    clients = kind(storm, base_url, api_key, clock)
+    await clients.prepare()
+    results: list = [[] for _ in range(storm.clients)]
+    go = asyncio.Event()
+    tasks = [asyncio.create_task(clients.run(i, go, results)) for i in range(storm.clients)]
+    await asyncio.sleep(0)  # each task runs up to go.wait()
+    on_release()
+    clock.start()
+    go.set()
+    _, pending = await asyncio.wait(tasks, timeout=storm.run_timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await clients.close()
+    out = []
+    for i, done in enumerate(results):
+        for call in range(len(done), storm.calls_per_client):
+            attempts = clients.current[i] if call == len(done) else []
+            done.append(CallResult(i, call, False, 0.0, storm.run_timeout_s * 1000, "run timeout", attempts))
+        out.extend(done)
+    return out

@@ -1,0 +1,249 @@
+"""What stands between the clients and the provider: configurations (a) to (g).
+
+Envoy, its bootstrap and the wasm filter entry are the e2e harness's (integration/e2e/harness.py);
+only the route retry policy of (b) and (c) is added here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from harness import Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, free_port
+
+from . import REPO_ROOT
+from .scenarios import MODEL
+
+LITELLM_VENV = REPO_ROOT / "bench" / ".venv-litellm"
+
+POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
+CAP = {"name": "cap", "key": "account", "max_in_flight": 8}
+GOVERNOR_CONFIGS = {
+    "e": {"pools": POOLS},
+    # Opt-in: clients are told twice the provider's time per consecutive failed cooldown round.
+    "f": {"pools": POOLS, "retry_after": {"escalate": True}},
+    # Hold off: the old default, every request that meets a cooldown is answered locally.
+    "g": {"pools": POOLS, "hold": {"max_ms": 0}},
+    "e-cap": {"pools": POOLS, "limits": [CAP]},
+}
+# The filter's gauges (README "Stats"): not summed over a storm.
+GAUGES = ("remaining_", "limit_", "reset_", "held_requests", "in_flight")
+LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8}
+
+CONFIG_NAMES = {
+    "a": "no gateway",
+    "b": "Envoy retry 429 x3",
+    "c": "Envoy rate_limited_retry_back_off",
+    "d": "LiteLLM num_retries=3",
+    "d-cap": "LiteLLM num_retries=3, max_parallel_requests=8",
+    "e": "Envoy + llm-governor (hold on)",
+    "e-cap": "Envoy + llm-governor, max_in_flight 8",
+    "f": "Envoy + llm-governor, escalate",
+    "g": "Envoy + llm-governor, hold off",
+}
+
+
+class GatewayUnavailable(RuntimeError):
+    pass
+
+
+class Gateway:
+    key = ""
+
+    @property
+    def name(self) -> str:
+        return CONFIG_NAMES[self.key]
+
+    def base_url(self) -> str:
+        raise NotImplementedError
+
+    def client_key(self, fresh: str) -> str:
+        """The key clients send (a fresh one per run unless the gateway needs its own)."""
+        return fresh
+
+    def upstream_key(self, client_key: str) -> str:
+        """The key the provider sees for a client key."""
+        return client_key
+
+    def start(self) -> "Gateway":
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def info(self) -> dict:
+        return {}
+
+
+class Direct(Gateway):
+    key = "a"
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+
+    def base_url(self) -> str:
+        return self.sim.url + "/v1"
+
+
+def retry_bootstrap(upstream_port: int, rate_limited_back_off: bool) -> dict:
+    """The harness's bootstrap (no wasm filter) with a route retry policy on 429: (b) and (c)."""
+    boot = envoy_bootstrap(upstream_port, [])
+    policy: dict = {"retry_on": "retriable-status-codes", "retriable_status_codes": [429], "num_retries": 3}
+    if rate_limited_back_off:
+        policy["rate_limited_retry_back_off"] = {
+            "reset_headers": [
+                {"name": "retry-after", "format": "SECONDS"},
+                {"name": "x-ratelimit-reset", "format": "UNIX_TIMESTAMP"},
+            ],
+            "max_interval": "10s",
+        }
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"] = policy
+    return boot
+
+
+class EnvoyGateway(Gateway):
+    """(b), (c): Envoy with a retry policy; (e), (e-cap), (f), (g): Envoy with llm-governor."""
+
+    def __init__(self, key: str, sim: Simulator, concurrency: int = 2):
+        self.key = key
+        if key in GOVERNOR_CONFIGS:
+            self.envoy = Envoy(GOVERNOR_CONFIGS[key], upstream_port=sim.port, concurrency=concurrency)
+        else:
+            boot = retry_bootstrap(sim.port, rate_limited_back_off=(key == "c"))
+            self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
+
+    def start(self) -> "EnvoyGateway":
+        try:
+            self.envoy.start()
+        except HarnessError as err:
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.envoy.stop(check=True)
+        finally:
+            self.envoy.cleanup()
+
+    def base_url(self) -> str:
+        return self.envoy.url + "/v1"
+
+    def info(self) -> dict:
+        """Counters so far (run.py reports what one storm added)."""
+        stats = self.envoy.stats()
+        prefix = "wasmcustom.llm_governor.pool.openai."
+        out = {k[len(prefix):]: v for k, v in stats.items()
+               if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES)}
+        out["upstream_rq_retry"] = stats.get("cluster.provider.upstream_rq_retry", 0)
+        out["upstream_rq_total"] = stats.get("cluster.provider.upstream_rq_total", 0)
+        return out
+
+
+class LiteLLMGateway(Gateway):
+    """LiteLLM's proxy (bench/.venv-litellm), one deployment, num_retries: 3; (d-cap) adds the
+    deployment's `litellm_params.max_parallel_requests` (LiteLLM 1.108.7 answers a call that
+    finds every slot taken with its own 429, router_utils/client_initalization_utils.py)."""
+
+    UPSTREAM_KEY = "sk-storm-litellm"
+
+    def __init__(self, key: str, sim: Simulator, ready_timeout_s: float = 90.0):
+        self.key = key
+        self.sim = sim
+        self.max_parallel = LITELLM_MAX_PARALLEL[key]
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: Optional[subprocess.Popen] = None
+        self.port = 0
+        self.workdir = Path(tempfile.mkdtemp(prefix="storm-litellm-"))
+        self.log_path = self.workdir / "litellm.log"
+        # LiteLLM refuses to start without a master key; clients present it.
+        self.master_key = "sk-storm-master-" + uuid.uuid4().hex
+
+    def client_key(self, fresh: str) -> str:
+        return self.master_key
+
+    def upstream_key(self, client_key: str) -> str:
+        return self.UPSTREAM_KEY
+
+    def config(self) -> dict:
+        params = {"model": f"openai/{MODEL}", "api_base": self.sim.url + "/v1", "api_key": self.UPSTREAM_KEY}
+        if self.max_parallel is not None:
+            params["max_parallel_requests"] = self.max_parallel
+        return {
+            "model_list": [{"model_name": MODEL, "litellm_params": params}],
+            "litellm_settings": {"num_retries": 3, "request_timeout": 30, "telemetry": False},
+            "router_settings": {"num_retries": 3},
+            "general_settings": {"master_key": self.master_key},
+        }
+
+    def start(self) -> "LiteLLMGateway":
+        exe = LITELLM_VENV / "bin" / "litellm"
+        if not exe.exists():
+            raise GatewayUnavailable(f"{exe} missing: run bench/storm/ensure-litellm.sh")
+        config = self.workdir / "litellm.yaml"
+        config.write_text(json.dumps(self.config(), indent=1))  # JSON is YAML
+        self.port = free_port()
+        env = dict(os.environ)
+        env.update({
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # offline: no fetch of the cost map
+            "LITELLM_TELEMETRY": "False",
+            "DISABLE_SCHEMA_UPDATE": "True",
+            "NO_DOCS": "True",
+        })
+        env.pop("DATABASE_URL", None)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port),
+                 "--num_workers", "1"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+            )
+        deadline = time.monotonic() + self.ready_timeout_s
+        if not _wait_http_ok(f"http://127.0.0.1:{self.port}/health/liveliness", deadline, self.proc):
+            exited, tail = self.proc.poll(), self.log_tail()
+            self.stop()
+            state = f"exited with {exited}" if exited is not None else f"not ready after {self.ready_timeout_s:.0f}s"
+            raise GatewayUnavailable(f"LiteLLM {state}:\n{tail}")
+        return self
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        _terminate(self.proc, grace_s=10)
+        if not os.environ.get("LLM_GOVERNOR_KEEP_LOGS"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def info(self) -> dict:
+        return {"version": litellm_version()}
+
+
+def litellm_version() -> str:
+    py = LITELLM_VENV / "bin" / "python"
+    if not py.exists():
+        return ""
+    out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip()
+
+
+def make_gateway(key: str, sim: Simulator, concurrency: int = 2) -> Gateway:
+    if key not in CONFIG_NAMES:
+        raise ValueError(f"unknown configuration {key!r}: one of {', '.join(CONFIG_NAMES)}")
+    if key == "a":
+        return Direct(sim)
+    if key in LITELLM_MAX_PARALLEL:
+        return LiteLLMGateway(key, sim)
+    return EnvoyGateway(key, sim, concurrency)
