@@ -13,6 +13,8 @@ use crate::time;
 /// The client's timeout in ms, if any header states one.
 pub fn client_timeout_ms(cfg: &Hold, h: &Headers) -> Option<u64> {
     cfg.deadline_headers.iter().find_map(|name| {
+        // Most requests carry none of them: one cheap lookup each before reading every value.
+        h.get(name)?;
         let unit = if name.ends_with("-ms") { 1 } else { 1000 };
         h.all(name)
             .filter_map(|v| std::str::from_utf8(v).ok())

@@ -43,10 +43,30 @@ impl<'a> Headers<'a> {
             .chain(wire.into_iter().flat_map(WireHeaders::pairs))
     }
 
+    /// Call `f` with every header name, in order (a plain loop per representation).
+    pub fn for_each_name(&self, mut f: impl FnMut(&[u8])) {
+        match self.repr {
+            Repr::Owned(pairs) => pairs.iter().for_each(|(n, _)| f(n.as_bytes())),
+            Repr::Wire(w) => w.spans.iter().for_each(|(n, _)| f(&w.bytes[n.clone()])),
+        }
+    }
+
     /// The first value of `name`. Duplicated headers resolve to the first occurrence, which is
-    /// what Envoy's own single-value getters do.
+    /// what Envoy's own single-value getters do. (A loop per representation: this is the
+    /// hot path's most frequent call.)
     pub fn get(&self, name: &str) -> Option<&'a [u8]> {
-        self.all(name).next()
+        let name = name.as_bytes();
+        match self.repr {
+            Repr::Owned(pairs) => pairs
+                .iter()
+                .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_slice()),
+            Repr::Wire(w) => w
+                .spans
+                .iter()
+                .find(|(n, _)| w.bytes[n.clone()].eq_ignore_ascii_case(name))
+                .map(|(_, v)| &w.bytes[v.clone()]),
+        }
     }
 
     /// Every value of `name`, in order.

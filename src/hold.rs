@@ -90,7 +90,12 @@ impl Holds {
     ) -> Step {
         gov.on_arrival(&flow, env);
         let key = queue_key(&flow);
-        if let Some(last) = self.queues.get(&key).and_then(|q| q.back()) {
+        let queued = if self.queues.is_empty() {
+            None
+        } else {
+            self.queues.get(&key).and_then(|q| q.back())
+        };
+        if let Some(last) = queued {
             // Held requests of this (pool, account) go first: wait behind them.
             let blocked = age(last.blocked, env.now_ms - last.blocked_at_ms);
             return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);

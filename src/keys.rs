@@ -19,17 +19,37 @@ pub const NO_ACCOUNT: u64 = 0;
 
 /// Shared-data key of the cooldown of (pool, account).
 pub fn cooldown_key(pool: &str, account: u64) -> String {
-    format!("c:{pool}:{account:016x}")
+    key("c:", pool, key_id_hex(account))
 }
 
 /// Shared-data key of one token bucket of a limit.
 pub fn bucket_key(limit: &str, key_id: u64) -> String {
-    format!("b:{limit}:{key_id:016x}")
+    key("b:", limit, key_id_hex(key_id))
+}
+
+/// `{kind}{name}:{id}` without the formatting machinery (this runs on every request).
+fn key(kind: &str, name: &str, id: [u8; 16]) -> String {
+    let mut out = String::with_capacity(kind.len() + name.len() + 17);
+    out.push_str(kind);
+    out.push_str(name);
+    out.push(':');
+    out.extend(id.iter().map(|b| char::from(*b)));
+    out
+}
+
+/// `{:016x}` of an id.
+fn key_id_hex(id: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = HEX[((id >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 /// Shared-data key of the `max_in_flight` slots of one key of a limit.
 pub fn slots_key(limit: &str, key_id: u64) -> String {
-    format!("f:{limit}:{key_id:016x}")
+    key("f:", limit, key_id_hex(key_id))
 }
 
 /// The bucket that keys past `max_keys` share.
@@ -46,6 +66,15 @@ pub const COOLDOWN_KEY_COUNT: &str = "k:c";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_the_formatted_ids() {
+        for id in [0, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(cooldown_key("openai", id), format!("c:openai:{id:016x}"));
+            assert_eq!(bucket_key("t", id), format!("b:t:{id:016x}"));
+            assert_eq!(slots_key("cap", id), format!("f:cap:{id:016x}"));
+        }
+    }
 
     #[test]
     fn fnv_reference_values() {

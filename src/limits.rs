@@ -24,13 +24,14 @@ impl Governor {
         let mut slots = Vec::new();
         for (i, limit) in self.cfg.limits.iter().enumerate() {
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
-            let key = self.limit_key(i, key_id, flow.pool, env);
+            // The read that tells whether the key exists is the first read of the update.
+            let (key, known) = self.limit_key(i, key_id, flow.pool, env);
             let now = env.now_ms;
             let outcome = match limit.kind {
                 LimitKind::Requests | LimitKind::Tokens => {
                     let shape = limit.shape();
                     let kind = limit.kind;
-                    update_bucket(env, &key, shape, |b| match kind {
+                    update_bucket(env, &key, known, shape, |b| match kind {
                         LimitKind::Requests => {
                             let (after, take) = b.take(shape, now, 1);
                             ((after != b).then_some(after), take)
@@ -52,7 +53,7 @@ impl Governor {
                 LimitKind::InFlight => {
                     let epoch = inflight::epoch_of(now, limit.slot_lease_ms);
                     let cap = limit.per_minute;
-                    store::update(env.store, &key, None, |cur| {
+                    store::update_from(env.store, &key, known, None, |cur| {
                         let s = cur.and_then(Slots::decode).unwrap_or_default();
                         match s.acquire(epoch, cap) {
                             Some((after, slot)) => (Some(after.encode().to_vec()), Some(slot)),
@@ -119,20 +120,25 @@ impl Governor {
         })
     }
 
-    /// The shared-data key of (limit, key id); past `max_keys`, the limit's overflow key.
-    fn limit_key(&self, limit: usize, key_id: u64, pool: usize, env: &mut Env) -> String {
+    /// The shared-data key of (limit, key id), and its value when it exists; past `max_keys`,
+    /// the limit's overflow key.
+    fn limit_key(
+        &self,
+        limit: usize,
+        key_id: u64,
+        pool: usize,
+        env: &mut Env,
+    ) -> (String, Option<(Vec<u8>, u32)>) {
         let l = &self.cfg.limits[limit];
         let key = if holds_slot(l.kind) {
             keys::slots_key(&l.name, key_id)
         } else {
             keys::bucket_key(&l.name, key_id)
         };
-        if matches!(env.store.get(&key), Ok(Some(_)))
-            || self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env)
-        {
-            key
-        } else {
-            keys::overflow_bucket_key(&l.name)
+        match env.store.get(&key) {
+            Ok(Some(known)) => (key, Some(known)),
+            _ if self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) => (key, None),
+            _ => (keys::overflow_bucket_key(&l.name), None),
         }
     }
 
@@ -146,7 +152,9 @@ impl Governor {
         for Taken::Token(i, key) in taken {
             let shape = self.cfg.limits[i].shape();
             let now = env.now_ms;
-            if let Err(e) = update_bucket(env, &key, shape, |b| (Some(b.give(shape, now, 1)), ())) {
+            if let Err(e) = update_bucket(env, &key, None, shape, |b| {
+                (Some(b.give(shape, now, 1)), ())
+            }) {
                 self.store_failed(pool, &key, &e, env);
             }
         }
@@ -186,7 +194,7 @@ impl Governor {
         let now = env.now_ms;
         for (i, key) in &flow.charges {
             let shape = self.cfg.limits[*i].shape();
-            let result = update_bucket(env, key, shape, |b| {
+            let result = update_bucket(env, key, None, shape, |b| {
                 (Some(b.charge(shape, now, tokens)), ())
             });
             if let Err(e) = result {
@@ -201,12 +209,13 @@ impl Governor {
 fn update_bucket<T>(
     env: &Env,
     key: &str,
+    known: Option<(Vec<u8>, u32)>,
     shape: Shape,
     mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
 ) -> Result<store::Updated<T>, UpdateError> {
     let now = env.now_ms;
     let init = Bucket::full(shape, now).encode();
-    store::update(env.store, key, Some(&init), |cur| {
+    store::update_from(env.store, key, known, Some(&init), |cur| {
         let b = cur
             .and_then(Bucket::decode)
             .unwrap_or_else(|| Bucket::full(shape, now));

@@ -168,14 +168,41 @@ const ANTHROPIC: [(Dimension, Names); 4] = [
 /// allocates nothing.
 pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
     let mut snap = Snapshot::default();
-    // OpenAI / Azure OpenAI.
+    // One pass says which families are there at all: most responses carry one or none, and
+    // each lookup below scans every header.
+    let (mut openai, mut anthropic, mut ietf) = (false, false, false);
+    for (name, _) in h.pairs() {
+        let has = |prefix: &[u8]| {
+            name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+        };
+        openai |= has(b"x-ratelimit-");
+        anthropic |= has(b"anthropic-ratelimit-");
+        ietf |= has(b"ratelimit");
+    }
+    if openai {
+        parse_openai(h, &mut snap);
+    }
+    if anthropic {
+        parse_anthropic(h, now_ms, &mut snap);
+    }
+    // IETF fields describe requests unless a provider-specific family already did.
+    if ietf && snap.requests.is_empty() {
+        snap.requests = parse_ietf(h);
+    }
+    snap
+}
+
+fn parse_openai(h: &Headers, snap: &mut Snapshot) {
     for (d, (limit, remaining, reset)) in OPENAI {
         let w = snap.window_mut(d);
         w.limit = uint(h, limit);
         w.remaining = uint(h, remaining);
         w.reset_ms = h.get_str(reset).and_then(time::parse_go_duration_ms);
     }
-    // Anthropic (fills what OpenAI headers did not).
+}
+
+/// Anthropic's family fills what OpenAI headers did not.
+fn parse_anthropic(h: &Headers, now_ms: u64, snap: &mut Snapshot) {
     for (d, (limit, remaining, reset)) in ANTHROPIC {
         let w = snap.window_mut(d);
         w.limit = w.limit.or_else(|| uint(h, limit));
@@ -186,11 +213,6 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
                 .and_then(|at| time::until(at, now_ms))
         });
     }
-    // IETF fields describe requests unless a provider-specific family already did.
-    if snap.requests.is_empty() {
-        snap.requests = parse_ietf(h);
-    }
-    snap
 }
 
 /// `RateLimit: "default";r=50;t=30`, `RateLimit-Policy: "default";q=100;w=60`, or the older

@@ -7,7 +7,7 @@
 
 use llm_governor::config;
 use llm_governor::deadline;
-use llm_governor::headers::{owned, Headers};
+use llm_governor::headers::{Headers, WireHeaders};
 use llm_governor::hold::{Holds, Step};
 use llm_governor::metrics::{Counter, Gauge, Histogram, Metrics};
 use llm_governor::policy::{Env, Governor, RequestView};
@@ -69,27 +69,38 @@ fn hotpath(cfg_json: &str, iterations: u64) {
         ("x-envoy-upstream-service-time", "0"),
     ];
     let tenants: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
+    // The host hands each callback one buffer in the proxy-wasm wire format; the host layer
+    // reads it in place (WireHeaders): one copy of the buffer and one span list per callback.
+    let wire = |pairs: &[(&str, &str)]| {
+        WireHeaders::encode(pairs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())))
+    };
+    let resp_wire = wire(&resp);
+    let req_wires: Vec<Vec<u8>> = tenants
+        .iter()
+        .map(|t| {
+            wire(&[
+                (":authority", "127.0.0.1:10000"),
+                (":path", "/v1/chat/completions"),
+                (":method", "POST"),
+                (":scheme", "http"),
+                ("user-agent", "wrk"),
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-bench-0123456789"),
+                ("x-tenant-id", t),
+                ("content-length", "68"),
+                ("x-forwarded-proto", "http"),
+                ("x-request-id", "0b5c4a39-7f0e-4d0e-9a54-0f6f3a3f2f1e"),
+            ])
+        })
+        .collect();
     let start = Instant::now();
     let mut forwarded = 0u64;
     for i in 0..iterations {
-        // The host layer copies every header into owned Strings/Vecs on each callback.
-        let req = owned(&[
-            (":authority", "127.0.0.1:10000"),
-            (":path", "/v1/chat/completions"),
-            (":method", "POST"),
-            (":scheme", "http"),
-            ("user-agent", "wrk"),
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk-bench-0123456789"),
-            ("x-tenant-id", &tenants[(i % 1000) as usize]),
-            ("content-length", "68"),
-            ("x-forwarded-proto", "http"),
-            ("x-request-id", "0b5c4a39-7f0e-4d0e-9a54-0f6f3a3f2f1e"),
-        ]);
+        let req = WireHeaders::parse(req_wires[(i % 1000) as usize].clone()).unwrap_or_default();
         let view = RequestView {
-            path: Headers::new(&req).get(":path").unwrap_or(b""),
-            authority: Headers::new(&req).get(":authority").unwrap_or(b""),
-            headers: Headers::new(&req),
+            path: Headers::wire(&req).get(":path").unwrap_or(b""),
+            authority: Headers::wire(&req).get(":authority").unwrap_or(b""),
+            headers: Headers::wire(&req),
         };
         let mut env = Env {
             store: &store,
@@ -103,11 +114,11 @@ fn hotpath(cfg_json: &str, iterations: u64) {
         let budget = deadline::hold_budget_ms(&gov.cfg.hold, &view.headers);
         if let Step::Go(mut flow) = holds.request(&gov, flow, budget, i as u32, &mut env) {
             forwarded += 1;
-            let pairs = owned(&resp);
+            let pairs = WireHeaders::parse(resp_wire.clone()).unwrap_or_default();
             black_box(gov.on_response_headers(
                 &mut flow,
                 200,
-                &Headers::new(&pairs),
+                &Headers::wire(&pairs),
                 false,
                 true,
                 &mut env,

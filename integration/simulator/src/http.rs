@@ -403,6 +403,20 @@ pub fn write_response<W: Write>(
     keep_alive: bool,
     http10: bool,
 ) -> io::Result<()> {
+    write_response_then(w, resp, keep_alive, http10, || {})
+}
+
+/// `write_response`, calling `before_last` just before the write that completes the
+/// response: a request counted in flight stops being counted before its client can have seen
+/// the end of its answer (and sent the next request), so the count never shows an overlap the
+/// client could not have caused.
+pub fn write_response_then<W: Write>(
+    w: &mut W,
+    resp: Response,
+    keep_alive: bool,
+    http10: bool,
+    before_last: impl FnOnce(),
+) -> io::Result<()> {
     let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, reason(resp.status));
     for (n, v) in &resp.headers {
         head.push_str(n);
@@ -424,6 +438,7 @@ pub fn write_response<W: Write>(
             head.push_str(&format!("content-length: {}\r\n\r\n", bytes.len()));
             let mut out = head.into_bytes();
             out.extend_from_slice(&bytes);
+            before_last();
             w.write_all(&out)?;
             w.flush()
         }
@@ -444,6 +459,7 @@ pub fn write_response<W: Write>(
                 w.write_all(&chunk)?;
                 w.flush()?;
             }
+            before_last();
             w.write_all(b"0\r\n\r\n")?;
             w.flush()
         }

@@ -77,8 +77,10 @@ fn handle_conn(stream: TcpStream, state: Shared) {
         };
         let keep_alive = req.keep_alive();
         let (resp, in_flight) = handle(&req, &state);
-        let written = http::write_response(&mut writer, resp, keep_alive, req.http10);
-        drop(in_flight);
+        let written =
+            http::write_response_then(&mut writer, resp, keep_alive, req.http10, move || {
+                drop(in_flight)
+            });
         if written.is_err() {
             return;
         }
