@@ -69,18 +69,27 @@ impl Governor {
                     })
                 }
             };
+            let took = matches!(outcome, Ok(Ok(())));
             match outcome {
                 Ok(Ok(())) => {}
                 Ok(Err(blocked)) => {
                     self.give_back(taken, &mut slots, flow.pool, env);
                     return Err(blocked);
                 }
+                // A concurrency cap stays exact: a slot that could not be counted is not
+                // taken, and the request waits (held) or is answered as if the cap were full.
+                Err(e) if limit.kind == LimitKind::InFlight => {
+                    self.store_failed(flow.pool, &key, &e, env);
+                    self.give_back(taken, &mut slots, flow.pool, env);
+                    return Err(Blocked::InFlight { limit: i });
+                }
                 Err(e) => self.store_failed(flow.pool, &key, &e, env),
             }
             match limit.kind {
-                LimitKind::Requests => taken.push(Taken::Token(i, key)),
+                // A give-up admitted without taking: nothing to give back.
+                LimitKind::Requests if took => taken.push(Taken::Token(i, key)),
+                LimitKind::Requests | LimitKind::InFlight => {}
                 LimitKind::Tokens => charges.push((i, key)),
-                LimitKind::InFlight => {}
             }
         }
         if !slots.is_empty() {

@@ -553,7 +553,7 @@ impl Governor {
         env.metrics.count(pool, Counter::StoreContention);
         if let UpdateError::Host(msg) = e {
             log::warn!(
-                "llm_governor: shared data update of {key} failed ({msg}); admitting the request"
+                "llm_governor: shared data update of {key} failed ({msg}); a request budget admits the request, a max_in_flight cap makes it wait"
             );
         }
     }

@@ -1,30 +1,174 @@
-//! The host's shared-data semantics under concurrency: the first-write race, CAS conflicts
-//! and several threads hammering one bucket, against an in-memory store that behaves like
-//! Envoy's (no insert-if-absent, unconditional set on a missing key).
+//! Local limits under concurrency, driven the way Envoy drives them: several workers (threads)
+//! call `Governor::on_request` against one shared store with Envoy's semantics (no
+//! insert-if-absent, an unconditional set on a missing key), and each request reads a clock
+//! that has moved since the previous one.
+//!
+//! What Envoy sees, and these tests therefore see too: every request writes the bucket it
+//! looks at, refused ones included (a refusal still brings the refill timestamp up to `now`),
+//! and a request refused by a later limit writes the earlier limits' buckets once more to give
+//! back what it took. So a hot key is contended by refused traffic as much as by admitted
+//! traffic. A write that meets a concurrent writer `MAX_CAS_ATTEMPTS` times in a row gives up
+//! and admits the request (fail-open), counted as `store_contention`: each bound below allows
+//! exactly one extra admission per give-up the metrics report, and nothing else.
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor::bucket::{Bucket, Shape};
-use llm_governor::store::{self, MemStore, SharedStore, StoreError, UpdateError};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Barrier};
+use llm_governor::bucket::Bucket;
+use llm_governor::config;
+use llm_governor::headers::{owned, Headers};
+use llm_governor::keys;
+use llm_governor::metrics::{Counter, Recorded};
+use llm_governor::policy::{Env, Governor, RequestDecision, RequestView};
+use llm_governor::retry_after::Random;
+use llm_governor::store::{self, MemStore, SharedStore, StoreError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
 
-const SHAPE: Shape = Shape {
-    per_minute: 1,
-    burst: 5,
-};
+const T0: u64 = 1_796_055_600_000;
 
-fn take(store: &MemStore, key: &str, now: u64) -> Result<bool, UpdateError> {
-    let init = Bucket::full(SHAPE, now).encode();
-    store::update(store, key, Some(&init), |cur| {
-        let b = cur
-            .and_then(Bucket::decode)
-            .unwrap_or_else(|| Bucket::full(SHAPE, now));
-        let (after, t) = b.take(SHAPE, now, 1);
-        (t.admitted.then(|| after.encode().to_vec()), t.admitted)
-    })
-    .map(|u| u.value)
+struct Zero;
+
+impl Random for Zero {
+    fn unit(&mut self) -> f64 {
+        0.0
+    }
 }
+
+/// Envoy's shared data (a `MemStore`), counting the writes and CAS conflicts each key met.
+#[derive(Default)]
+struct Observed {
+    inner: MemStore,
+    writes: AtomicUsize,
+    conflicts: AtomicUsize,
+}
+
+impl SharedStore for Observed {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+        self.inner.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let result = self.inner.set(key, value, cas);
+        match result {
+            Ok(()) if key.starts_with("b:") => {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(StoreError::CasMismatch) => {
+                self.conflicts.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        result
+    }
+}
+
+impl Observed {
+    fn bucket(&self, limit: &str, key_id: u64) -> Option<Bucket> {
+        let (bytes, _) = self
+            .inner
+            .get(&keys::bucket_key(limit, key_id))
+            .ok()
+            .flatten()?;
+        Bucket::decode(&bytes)
+    }
+}
+
+/// Envoy's clock as the workers read it: every request sees a later millisecond than the one
+/// before it (a burst of requests is spread over milliseconds, not all in one).
+struct Clock(AtomicU64);
+
+impl Clock {
+    fn new() -> Clock {
+        Clock(AtomicU64::new(T0))
+    }
+    fn now(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+/// One request as a worker's VM handles it; true when it is forwarded upstream.
+fn request(
+    gov: &Governor,
+    store: &Observed,
+    metrics: &mut Recorded,
+    clock: &Clock,
+    tenant: &str,
+) -> bool {
+    let hs = owned(&[("authorization", "Bearer sk-k"), ("x-tenant-id", tenant)]);
+    let view = RequestView {
+        path: b"/v1/chat/completions",
+        authority: b"api.example.com",
+        headers: Headers::new(&hs),
+    };
+    let mut rng = Zero;
+    let mut env = Env {
+        store,
+        metrics,
+        rng: &mut rng,
+        now_ms: clock.now(),
+    };
+    matches!(gov.on_request(&view, &mut env), RequestDecision::Forward(_))
+}
+
+fn governor(limits: &str) -> Governor {
+    let json = format!(r#"{{"hold": {{"max_ms": 0}}, "limits": [{limits}]}}"#);
+    Governor::new(config::parse(json.as_bytes()).unwrap())
+}
+
+/// What a run of workers did: requests forwarded, and fail-open give-ups counted.
+struct Outcome {
+    admitted: usize,
+    refused: usize,
+    contended: usize,
+}
+
+/// `workers` threads, each sending `per_worker` requests of `tenant` one after the other; with
+/// `sync_first`, every worker's first request starts at the same moment and completes before
+/// any worker sends its second (each worker's first request for a new tenant).
+fn hammer(
+    gov: &Governor,
+    store: &Observed,
+    clock: &Clock,
+    tenant: &str,
+    workers: usize,
+    per_worker: usize,
+    sync_first: bool,
+) -> Outcome {
+    let barrier = Barrier::new(workers);
+    let results: Vec<(usize, usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut metrics = Recorded::default();
+                    let mut admitted = 0;
+                    barrier.wait();
+                    for i in 0..per_worker {
+                        admitted += usize::from(request(gov, store, &mut metrics, clock, tenant));
+                        if sync_first && i == 0 {
+                            barrier.wait();
+                        }
+                    }
+                    let contended = metrics
+                        .counters
+                        .iter()
+                        .filter(|(_, c)| *c == Counter::StoreContention)
+                        .count();
+                    (admitted, per_worker - admitted, contended)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    Outcome {
+        admitted: results.iter().map(|r| r.0).sum(),
+        refused: results.iter().map(|r| r.1).sum(),
+        contended: results.iter().map(|r| r.2).sum(),
+    }
+}
+
+const TENANT_RPM: &str =
+    r#"{"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 1, "burst": 5}"#;
 
 #[test]
 fn store_semantics_match_envoy() {
@@ -48,138 +192,216 @@ fn store_semantics_match_envoy() {
 }
 
 #[test]
-fn injected_conflicts_are_retried_then_given_up() {
-    let s = MemStore::new();
-    assert_eq!(take(&s, "b", 0), Ok(true));
-    s.inject_conflicts.store(3, Ordering::SeqCst);
-    assert_eq!(take(&s, "b", 0), Ok(true));
-    s.inject_conflicts
-        .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
-    assert_eq!(take(&s, "b", 0), Err(UpdateError::Contended));
-}
-
-#[test]
-fn many_threads_never_admit_more_than_burst_on_an_existing_bucket() {
-    for _round in 0..20 {
-        let s = Arc::new(MemStore::new());
-        s.set("b", &Bucket::full(SHAPE, 0).encode(), None).ok();
-        let admitted = hammer(&s, 8, 10);
-        assert_eq!(admitted, 5);
-    }
-}
-
-#[test]
-fn first_write_race_admits_at_most_burst_plus_racers_minus_one() {
-    // Every thread finds the key missing at once (each worker's first request for a new
-    // tenant). Without insert-if-absent, a racing creator's initial write can erase a take
-    // that completed between its read and its write; with one request in flight per worker,
-    // the bound is burst + workers - 1.
-    let threads = 4;
-    let mut worst = 0;
-    for _round in 0..300 {
-        let s = Arc::new(MemStore::new());
-        let barrier = Arc::new(Barrier::new(threads));
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let s = Arc::clone(&s);
-                let barrier = Arc::clone(&barrier);
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    let first = usize::from(take(&s, "b", 0).unwrap_or(true));
-                    // Later requests, after every worker's first one has completed.
-                    barrier.wait();
-                    first + (0..10).filter(|_| take(&s, "b", 0).unwrap_or(true)).count()
-                })
-            })
-            .collect();
-        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
-        assert!(
-            (5..=5 + threads - 1).contains(&admitted),
-            "admitted {admitted}"
-        );
-        worst = worst.max(admitted);
-    }
-    eprintln!("worst admitted with {threads} racing creators: {worst} (burst 5)");
-}
-
-#[test]
-fn contention_on_a_hot_key_resolves_within_the_attempt_bound() {
-    let s = Arc::new(MemStore::new());
-    s.set(
-        "b",
-        &Bucket::full(
-            Shape {
-                per_minute: 1,
-                burst: 1_000_000,
-            },
-            0,
-        )
-        .encode(),
-        None,
-    )
-    .ok();
-    let threads = 4;
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let s = Arc::clone(&s);
-            std::thread::spawn(move || {
-                let shape = Shape {
-                    per_minute: 1,
-                    burst: 1_000_000,
-                };
-                let mut given_up = 0;
-                let mut conflicts = 0;
-                for _ in 0..2_000 {
-                    match store::update(&*s, "b", None, |cur| {
-                        let b = cur
-                            .and_then(Bucket::decode)
-                            .unwrap_or_else(|| Bucket::full(shape, 0));
-                        let (after, t) = b.take(shape, 0, 1);
-                        (Some(after.encode().to_vec()), t.admitted)
-                    }) {
-                        Ok(u) => conflicts += u.conflicts,
-                        Err(_) => given_up += 1,
-                    }
-                }
-                (given_up, conflicts)
-            })
-        })
+fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
+    // The contention Envoy sees: refusals write as well, so the native hammers below contend
+    // on every request, not only on the five that take a token.
+    let gov = governor(TENANT_RPM);
+    let store = Observed::default();
+    let clock = Clock::new();
+    let mut metrics = Recorded::default();
+    let admitted: Vec<bool> = (0..10)
+        .map(|_| request(&gov, &store, &mut metrics, &clock, "t"))
         .collect();
-    let (mut given_up, mut conflicts) = (0, 0);
-    for h in handles {
-        let (g, c) = h.join().unwrap_or((0, 0));
-        given_up += g;
-        conflicts += c;
-    }
-    let level = s
-        .get("b")
-        .ok()
-        .flatten()
-        .and_then(|(v, _)| Bucket::decode(&v))
-        .map(|b| b.level);
-    let taken = 8_000 - given_up;
-    // Every completed update is reflected exactly once: no lost update under CAS.
-    assert_eq!(level, Some((1_000_000 - taken as i64) * 3_000_000));
-    eprintln!(
-        "8000 updates from {threads} threads: {conflicts} CAS conflicts, {given_up} given up"
+    assert_eq!(admitted, [[true; 5], [false; 5]].concat());
+    // The creation, five takes, and five refill timestamps.
+    assert_eq!(store.writes.load(Ordering::SeqCst), 11);
+    let b = store.bucket("tenant-rpm", keys::fnv1a64(b"t")).unwrap();
+    assert_eq!(
+        b.updated_ms,
+        T0 + 9,
+        "the last refusal brought the bucket up to its now"
     );
 }
 
-/// Threads taking from one bucket at once; returns how many takes were admitted.
-fn hammer(s: &Arc<MemStore>, threads: usize, per_thread: usize) -> usize {
-    let barrier = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let s = Arc::clone(s);
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                barrier.wait();
-                (0..per_thread)
-                    // A give-up under contention admits (fail-open), as the policy does.
-                    .filter(|_| take(&s, "b", 0).unwrap_or(true))
-                    .count()
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+#[test]
+fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
+    let gov = governor(TENANT_RPM);
+    let store = Observed::default();
+    let clock = Clock::new();
+    let mut metrics = Recorded::default();
+    assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+    store.inner.inject_conflicts.store(3, Ordering::SeqCst);
+    assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+    assert_eq!(metrics.count_of(0, Counter::StoreContention), 0);
+    let level = store
+        .bucket("tenant-rpm", keys::fnv1a64(b"t"))
+        .unwrap()
+        .level;
+    store
+        .inner
+        .inject_conflicts
+        .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
+    assert!(
+        request(&gov, &store, &mut metrics, &clock, "t"),
+        "a give-up admits"
+    );
+    assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
+    // Admitted without the update: the bucket did not move.
+    let after = store.bucket("tenant-rpm", keys::fnv1a64(b"t")).unwrap();
+    assert_eq!(after.level, level);
+}
+
+#[test]
+fn many_workers_never_admit_more_than_burst_on_an_existing_bucket() {
+    let gov = governor(TENANT_RPM);
+    let mut worst_conflicts = 0;
+    for round in 0..20 {
+        let store = Observed::default();
+        let clock = Clock::new();
+        let tenant = format!("t{round}");
+        // The bucket exists (one earlier request took a token).
+        assert!(request(
+            &gov,
+            &store,
+            &mut Recorded::default(),
+            &clock,
+            &tenant
+        ));
+        let run = hammer(&gov, &store, &clock, &tenant, 8, 10, false);
+        assert_eq!(run.admitted + run.refused, 80);
+        assert_eq!(
+            1 + run.admitted,
+            5 + run.contended,
+            "burst 5, plus one per reported give-up"
+        );
+        // Refused requests wrote too (the refill timestamp), as in Envoy. One that read the
+        // clock just before another worker wrote a later `now` finds nothing to change and
+        // writes nothing, so this counts at most one write per refusal.
+        let takes = 2 + run.admitted - run.contended;
+        let refusal_writes = store.writes.load(Ordering::SeqCst) - takes;
+        assert!(
+            (1..=run.refused).contains(&refusal_writes),
+            "{refusal_writes} writes by {} refused requests",
+            run.refused
+        );
+        worst_conflicts = worst_conflicts.max(store.conflicts.load(Ordering::SeqCst));
+    }
+    eprintln!("most CAS conflicts in a round of 8 workers x 10 requests: {worst_conflicts}");
+}
+
+#[test]
+fn first_write_race_admits_at_most_burst_plus_workers_minus_one() {
+    // Every worker finds the key missing at once (each worker's first request for a new
+    // tenant). Without insert-if-absent, a racing creator's initial write can erase takes that
+    // completed between its read and its write; with one request in flight per worker, the
+    // bound is burst + workers - 1.
+    let workers = 4;
+    let gov = governor(TENANT_RPM);
+    let mut worst = 0;
+    for round in 0..300 {
+        let store = Observed::default();
+        let clock = Clock::new();
+        let run = hammer(
+            &gov,
+            &store,
+            &clock,
+            &format!("t{round}"),
+            workers,
+            11,
+            true,
+        );
+        assert!(
+            (5..=5 + workers - 1 + run.contended).contains(&run.admitted),
+            "admitted {} ({} give-ups)",
+            run.admitted,
+            run.contended
+        );
+        worst = worst.max(run.admitted - run.contended);
+    }
+    eprintln!("worst admitted with {workers} racing creators: {worst} (burst 5)");
+}
+
+#[test]
+fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
+    // A wide per-pool bucket, then a narrow per-tenant one: every request refused by the
+    // narrow one writes the wide one twice (take, give back).
+    let gov = governor(&format!(
+        r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
+    ));
+    let pool_id = keys::fnv1a64(b"default");
+    for round in 0..20 {
+        let store = Observed::default();
+        let clock = Clock::new();
+        let tenant = format!("t{round}");
+        // Both buckets exist (one earlier request took from each): no first-write race.
+        assert!(request(
+            &gov,
+            &store,
+            &mut Recorded::default(),
+            &clock,
+            &tenant
+        ));
+        let run = hammer(&gov, &store, &clock, &tenant, 8, 10, false);
+        assert_eq!(1 + run.admitted, 5 + run.contended);
+        // The pool bucket lost exactly one token per admitted request: each request the
+        // tenant bucket refused gave its token back. A give-up can move it by one either way
+        // (a take or a give-back that did not happen), and the metrics report each one.
+        let wide = store.bucket("pool-rpm", pool_id).unwrap();
+        let tokens = wide.level.div_euclid(3_000_000);
+        let expected = 100 - 1 - run.admitted as i64;
+        assert!(
+            (tokens - expected).unsigned_abs() as usize <= run.contended,
+            "pool bucket holds {tokens} tokens after {} admitted ({} give-ups)",
+            1 + run.admitted,
+            run.contended
+        );
+    }
+}
+
+#[test]
+fn a_token_that_was_never_taken_is_not_given_back() {
+    let gov = governor(&format!(
+        r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
+    ));
+    let store = Observed::default();
+    let clock = Clock::new();
+    let mut metrics = Recorded::default();
+    for _ in 0..5 {
+        assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+    }
+    let pool_id = keys::fnv1a64(b"default");
+    let before = store.bucket("pool-rpm", pool_id).unwrap().level;
+    // The pool bucket's take meets a concurrent writer every time and gives up (the request
+    // goes on, fail-open); the tenant bucket then refuses it.
+    store
+        .inner
+        .inject_conflicts
+        .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
+    assert!(!request(&gov, &store, &mut metrics, &clock, "t"));
+    assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
+    let after = store.bucket("pool-rpm", pool_id).unwrap().level;
+    // Nothing was taken from the pool bucket, so nothing may be given back (refill over the
+    // 6 ms this test's clock moved is 300 units, far below a token).
+    assert!(
+        after - before < 3_000_000,
+        "the pool bucket gained a token it never lost: {before} -> {after}"
+    );
+}
+
+#[test]
+fn contention_on_a_hot_key_loses_no_update() {
+    // Four workers, 2000 requests each, on one pool-keyed bucket that never runs dry.
+    let gov = governor(
+        r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 1000000}"#,
+    );
+    let store = Observed::default();
+    let clock = Clock::new();
+    // The bucket exists before the workers start: no first-write race.
+    assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+    let run = hammer(&gov, &store, &clock, "t", 4, 2_000, false);
+    assert_eq!(run.admitted, 8_000);
+    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    let taken = (1 + 8_000 - run.contended) as i64;
+    // Every completed take is reflected exactly once (no lost update under CAS), and the
+    // refill is exact: 50 units (1/60000 of a token) per ms between the bucket's creation
+    // (the first request, at T0) and its latest write.
+    assert_eq!(
+        b.level,
+        (1_000_000 - taken) * 3_000_000 + 50 * (b.updated_ms - T0) as i64
+    );
+    eprintln!(
+        "8000 requests from 4 workers: {} CAS conflicts, {} given up",
+        store.conflicts.load(Ordering::SeqCst),
+        run.contended
+    );
 }

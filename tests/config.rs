@@ -255,3 +255,49 @@ fn header_names_are_lowercased() {
     assert_eq!(cfg.account_headers, ["x-api-key"]);
     assert_eq!(cfg.limits[0].key, LimitKey::Header("x-tenant".into()));
 }
+
+#[test]
+fn at_most_64_pools_and_64_limits() {
+    let pools = |n: usize| {
+        let items: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"name": "p{i}", "match": {{"path_prefix": "/p{i}/"}}}}"#))
+            .collect();
+        format!(r#"{{"pools": [{}]}}"#, items.join(","))
+    };
+    let limits = |n: usize| {
+        let items: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"name": "l{i}", "key": "pool", "requests_per_minute": 60}}"#))
+            .collect();
+        format!(r#"{{"limits": [{}]}}"#, items.join(","))
+    };
+    let cfg = config::parse(pools(64).as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    // The 64 configured ones, then the implicit `default`.
+    assert_eq!(cfg.pools.len(), 65);
+    assert_eq!(cfg.pools[64].name, "default");
+    let cfg = config::parse(limits(64).as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.limits.len(), 64);
+    for (input, field) in [(pools(65), "pools"), (limits(65), "limits")] {
+        match config::parse(input.as_bytes()) {
+            Ok(_) => panic!("65 {field} accepted"),
+            Err(e) => assert_eq!(e.to_string(), format!("{field}: at most 64 entries")),
+        }
+    }
+}
+
+#[test]
+fn match_authority_is_stored_lowercase_and_must_not_be_empty() {
+    let cfg = config::parse(
+        br#"{"pools": [{"name": "a", "match": {"authority": "API.OpenAI.com", "path_prefix": "/v1/"}}]}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cfg.pools[0].matcher.authority.as_deref(),
+        Some("api.openai.com")
+    );
+    assert_eq!(cfg.pools[0].matcher.path_prefix.as_deref(), Some("/v1/"));
+    let e = config::parse(br#"{"pools": [{"name": "a", "match": {"authority": ""}}]}"#)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.starts_with("pools[0].match.authority: "), "{e}");
+}

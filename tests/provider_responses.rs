@@ -225,18 +225,17 @@ fn every_provider_response_is_classified_and_timed() {
             "{}: retry-after rounds up",
             case.name
         );
-        if let (Some(p), "rate_limited" | "overloaded") = (case.provider_ms, case.class) {
-            assert!(
-                ms >= p.min(60_000),
-                "{}: told {ms} < provider {p}",
-                case.name
-            );
+        // With the random value fixed at 0 (no jitter, the backoff's lowest value), what the
+        // client is told is known exactly: the provider's time; for a quota answer without
+        // one, cooldown.quota_ms (300 s); for an overload without one, the backoff's 1 ms;
+        // all capped by retry_after.max_ms (60 s).
+        let expected = match (case.provider_ms, case.class) {
+            (Some(p), _) => p,
+            (None, "quota_exhausted") => 300_000,
+            (None, _) => 1,
         }
-        assert!(
-            (1..=60_000).contains(&ms),
-            "{}: {ms} outside [1, max_ms]",
-            case.name
-        );
+        .min(60_000);
+        assert_eq!(ms, expected, "{}", case.name);
     }
 }
 
@@ -261,22 +260,41 @@ fn cap_shortens_what_clients_are_told() {
     assert_eq!(g.map(|g| g.delay_ms), Some(5000));
 }
 
+/// README, `retry_after.default_ms`: the backoff of the n-th consecutive hint-less rate limit,
+/// counting from n = 0 for the first, is uniform in [1, min(max_ms, default_ms * 2^n)]: the
+/// first one is told at most `default_ms`, the base, and each one after it doubles the
+/// ceiling. A success starts over at n = 0.
 #[test]
-fn backoff_grows_with_consecutive_hintless_rate_limits_and_resets_on_success() {
-    let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000, "max_ms": 60000}}"#);
-    host.rng.0 = 0.999_999;
-    let mut told = Vec::new();
-    for _ in 0..4 {
+fn backoff_starts_at_default_ms_and_doubles_with_each_consecutive_hintless_rate_limit() {
+    // Ceilings 1000, 2000, ..., 32000, then max_ms (64000 > 60000).
+    for (u, expected) in [
+        (
+            0.999_999,
+            [999, 1999, 3999, 7999, 15999, 31999, 59999, 59999],
+        ),
+        (0.5, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]),
+        (0.0, [1; 8]),
+    ] {
+        let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000, "max_ms": 60000}}"#);
+        host.rng.0 = u;
+        let mut told = Vec::new();
+        for _ in 0..8 {
+            let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
+            let g = host.respond(&flow, 429, &[], OPENAI_RATE_LIMIT);
+            assert_eq!(g.as_ref().and_then(|g| g.provider_ms), None);
+            told.push(g.map(|g| g.delay_ms).unwrap_or(0));
+        }
+        assert_eq!(told, expected, "u={u}");
+        let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
+        assert!(host.respond(&flow, 200, &[], "{}").is_none());
         let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
         let g = host.respond(&flow, 429, &[], OPENAI_RATE_LIMIT);
-        told.push(g.map(|g| g.delay_ms).unwrap_or(0));
+        assert_eq!(
+            g.map(|g| g.delay_ms),
+            Some(expected[0]),
+            "u={u}: after a success"
+        );
     }
-    assert_eq!(told, vec![999, 1999, 3999, 7999]);
-    let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
-    assert!(host.respond(&flow, 200, &[], "{}").is_none());
-    let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
-    let g = host.respond(&flow, 429, &[], OPENAI_RATE_LIMIT);
-    assert_eq!(g.map(|g| g.delay_ms), Some(999));
 }
 
 #[test]

@@ -114,6 +114,7 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
     on_b = send(envoy.url, "openai", b)
 
     assert len(cooled) == 100
+    band_ms = JITTER * HINT_S * 1000
     last_sent = max(r.sent for r in cooled)
     assert last_sent < deadline_low, (
         f"the burst took too long ({last_sent - first.received:.2f} s after the 429): it is no "
@@ -121,6 +122,7 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
     )
     upstream_a = sim.requests_for(a)
     assert [q["status"] for q in upstream_a] == [429], f"requests for A reached the upstream while cooling: {upstream_a}"
+    jittered = 0
     for r in cooled:
         assert r.status == 429, (r.status, r.headers)
         assert r.headers.get("x-llm-governor-source") == "cooldown", r.headers
@@ -130,10 +132,13 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
         # Told = remaining + up to jitter x the cooldown's length; never before the deadline.
         remaining_high_ms = (deadline_high - r.sent) * 1000
         remaining_low_ms = (deadline_low - r.received) * 1000
-        assert ms > 0
-        assert ms <= remaining_high_ms + JITTER * HINT_S * 1000 + CLOCK_SLACK_MS, (ms, remaining_high_ms)
+        assert ms <= remaining_high_ms + band_ms + CLOCK_SLACK_MS, (ms, remaining_high_ms)
         assert ms >= remaining_low_ms - CLOCK_SLACK_MS, f"told {ms} ms, but {remaining_low_ms:.0f} ms of cooldown were left"
+        jittered += ms > remaining_high_ms + band_ms / 4
         assert_local_body(r, "openai", "rate_limited")
+    # The jitter is real: uniform over the band, about three answers in four lie more than a
+    # quarter of it above what was left (fewer when a slow machine widens remaining_high).
+    assert jittered >= 10, f"only {jittered} of 100 local answers carry more than {band_ms / 4:.0f} ms of jitter"
 
     workers = envoy.worker_connections()
     assert sum(1 for n in workers.values() if n > 0) >= 2, f"the burst did not spread over workers: {workers}"
@@ -188,12 +193,35 @@ def test_quota_is_answered_locally_without_retry(governor, sim, dialect, pool):
         assert r.headers.get("x-llm-governor-source") == "cooldown", r.headers
         assert r.headers.get("x-llm-governor-class") == "quota_exhausted", r.headers
         assert r.headers.get("x-should-retry") == "false", r.headers
-        assert 0 < delay_ms(r) <= MAX_MS
+        # What is left of cooldown.quota_ms (300 s), capped by retry_after.max_ms.
+        assert delay_ms(r) == MAX_MS
         assert_local_body(r, dialect, "quota_exhausted")
 
     assert send(governor.url, dialect, other)[0].status == 200
     assert counter(governor, pool, "local_reject_quota") == quota_before + len(later)
     assert counter(governor, pool, "local_reject_cooldown") == cooldown_before
+
+
+def test_a_remembered_quota_is_told_exactly_the_time_left_of_quota_ms(envoy_factory, sim):
+    # quota_ms below the cap: a local quota answer is the time left, to the millisecond, with
+    # no jitter (there is no one to spread: clients are told not to retry).
+    quota_ms = 20_000
+    envoy = envoy_factory({**CONFIG, "cooldown": {"enabled": True, "quota_ms": quota_ms}}, concurrency=2)
+    key = new_key("sk-quota")
+    sim.scenario({"mode": "quota", "count": 1, "keys": [key]})
+    (first,) = send(envoy.url, "openai", key)
+    assert first.headers.get("x-llm-governor-class") == "quota_exhausted"
+    # The upstream answer: the quota time plus jitter.
+    assert quota_ms <= delay_ms(first) <= quota_ms * (1 + JITTER)
+    deadline_low, deadline_high = first.sent + quota_ms / 1000, first.received + quota_ms / 1000
+    time.sleep(0.5)
+    later = send(envoy.url, "openai", key, connections=4, per_connection=2)
+    for r in later:
+        assert r.headers.get("x-llm-governor-source") == "cooldown", r.headers
+        left_low = (deadline_low - r.received) * 1000 - CLOCK_SLACK_MS
+        left_high = (deadline_high - r.sent) * 1000 + CLOCK_SLACK_MS
+        assert left_low <= delay_ms(r) <= left_high, (delay_ms(r), left_low, left_high)
+    assert [q["status"] for q in sim.requests_for(key)] == [429]
 
 
 # --------------------------------------------------------------------------------------------

@@ -144,18 +144,22 @@ def counter(envoy, pool: str, name: str) -> int:
 # Classification
 
 
+# What the client is told for each: the provider's time in ms (told that plus up to 20 %), or
+# None for a quota answer without one, which is told cooldown.quota_ms (300 s by default)
+# capped by retry_after.max_ms: exactly MAX_MS. The simulator's 503s, 529s and Gemini
+# RetryInfo carry its default hint of 1 s.
 CLASSIFICATIONS = [
-    # id, dialect, pool, scenario, status, class
-    ("openai-rate-limit", "openai", "openai", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited"),
-    ("openai-insufficient-quota", "openai", "openai", {"mode": "quota"}, 429, "quota_exhausted"),
-    ("openai-503", "openai", "openai", {"mode": "unavailable"}, 503, "overloaded"),
-    ("anthropic-rate-limit", "anthropic", "anthropic", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited"),
-    ("anthropic-spend-cap", "anthropic", "anthropic", {"mode": "quota"}, 429, "quota_exhausted"),
-    ("anthropic-529-overloaded", "anthropic", "anthropic", {"mode": "overloaded"}, 529, "overloaded"),
-    ("anthropic-503", "anthropic", "anthropic", {"mode": "unavailable"}, 503, "overloaded"),
-    ("azure-rate-limit", "azure", "azure", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited"),
-    ("gemini-per-minute", "gemini", "gemini", {"mode": "gemini_minute"}, 429, "rate_limited"),
-    ("gemini-per-day", "gemini", "gemini", {"mode": "gemini_day"}, 429, "quota_exhausted"),
+    # id, dialect, pool, scenario, status, class, provider ms
+    ("openai-rate-limit", "openai", "openai", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited", 3000),
+    ("openai-insufficient-quota", "openai", "openai", {"mode": "quota"}, 429, "quota_exhausted", None),
+    ("openai-503", "openai", "openai", {"mode": "unavailable"}, 503, "overloaded", 1000),
+    ("anthropic-rate-limit", "anthropic", "anthropic", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited", 3000),
+    ("anthropic-spend-cap", "anthropic", "anthropic", {"mode": "quota"}, 429, "quota_exhausted", None),
+    ("anthropic-529-overloaded", "anthropic", "anthropic", {"mode": "overloaded"}, 529, "overloaded", 1000),
+    ("anthropic-503", "anthropic", "anthropic", {"mode": "unavailable"}, 503, "overloaded", 1000),
+    ("azure-rate-limit", "azure", "azure", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited", 3000),
+    ("gemini-per-minute", "gemini", "gemini", {"mode": "gemini_minute"}, 429, "rate_limited", 1000),
+    ("gemini-per-day", "gemini", "gemini", {"mode": "gemini_day"}, 429, "quota_exhausted", 1000),
 ]
 CLASS_COUNTER = {
     "rate_limited": "upstream_rate_limited",
@@ -165,11 +169,11 @@ CLASS_COUNTER = {
 
 
 @pytest.mark.parametrize(
-    "dialect,pool,scenario,status,klass",
+    "dialect,pool,scenario,status,klass,provider_ms",
     [case[1:] for case in CLASSIFICATIONS],
     ids=[case[0] for case in CLASSIFICATIONS],
 )
-def test_classification(governor, sim, dialect, pool, scenario, status, klass):
+def test_classification(governor, sim, dialect, pool, scenario, status, klass, provider_ms):
     key = new_key()
     sim.scenario({**scenario, "keys": [key]})
     counter_before = counter(governor, pool, CLASS_COUNTER[klass])
@@ -181,7 +185,10 @@ def test_classification(governor, sim, dialect, pool, scenario, status, klass):
     assert r.headers.get("x-llm-governor-source") == "upstream"
     assert r.headers.get("x-should-retry") == ("false" if klass == "quota_exhausted" else "true")
     ms = delay_ms(r)
-    assert 0 <= ms <= MAX_MS
+    if provider_ms is None:
+        assert ms == MAX_MS, f"a quota answer without a time is told the quota time capped: {ms}"
+    else:
+        assert_delay_within(ms, provider_ms)
     assert counter(governor, pool, CLASS_COUNTER[klass]) == counter_before + 1
     assert len(sim.requests_for(key)) == 1
 
@@ -341,12 +348,32 @@ def test_delay_is_capped_by_max_ms(governor, sim):
     assert r.headers["retry-after"] == str(MAX_MS // 1000)
 
 
-def test_zero_retry_after_gives_a_sane_delay(governor, sim):
-    key = new_key()
-    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 0, "keys": [key]})
-    r = send(governor.url, "openai", key)
-    assert r.status_code == 429
-    assert 0 <= delay_ms(r) <= MAX_MS
+def test_zero_retry_after_is_ignored_and_the_backoff_applies(governor, sim):
+    # `retry-after: 0` is ignored, never trusted; the simulator's 429 has no other time (its
+    # reset header says 1 s but remaining is not 0). So each client gets the backoff of a first
+    # hint-less rate limit: uniform in [1, default_ms = 1000]. Eight accounts, each a first
+    # 429: a filter that trusted the 0 would tell them all the same 1 ms, and one without the
+    # backoff's full jitter the same 1000 ms.
+    keys = [new_key() for _ in range(8)]
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 0, "keys": keys})
+    told = []
+    for key in keys:
+        r = send(governor.url, "openai", key)
+        assert r.status_code == 429
+        assert r.headers.get("x-llm-governor-source") == "upstream"
+        told.append(delay_ms(r))
+    assert all(1 <= ms <= 1000 for ms in told), told
+    assert len(set(told)) >= 4, f"not spread over [1, 1000] ms: {told}"
+
+
+def test_clients_told_the_same_provider_time_are_spread_by_jitter(governor, sim):
+    # Twelve accounts each told "2 s": between 2000 and 2400 ms, and not on the same tick.
+    keys = [new_key() for _ in range(12)]
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 2, "keys": keys})
+    told = [delay_ms(send(governor.url, "openai", key)) for key in keys]
+    assert all(2000 <= ms <= 2400 for ms in told), told
+    # Uniform over 400 ms: twelve values all within 80 ms of each other has odds below 1e-6.
+    assert max(told) - min(told) >= 80, f"jitter does not spread clients: {told}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,8 +446,8 @@ def test_empty_configuration_uses_defaults(envoy_factory, sim):
     assert r.status_code == 429
     assert r.headers.get("x-llm-governor-class") == "rate_limited"
     assert r.headers.get("x-llm-governor-source") == "upstream"
-    ms = delay_ms(r)
-    assert 2000 <= ms
+    # The default jitter (0.2) on top of the provider's 2 s, never below it.
+    assert_delay_within(delay_ms(r), 2000)
     assert counter(envoy, "default", "upstream_rate_limited") == 1
 
 
@@ -462,16 +489,16 @@ def governor_without_stop_iteration(simulator):
 
 
 @pytest.mark.parametrize(
-    "dialect,scenario,status,klass",
+    "dialect,scenario,status,provider_ms",
     [
-        ("openai", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, "rate_limited"),
+        ("openai", {"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3}, 429, 3000),
         ("openai", {"mode": "quota"}, 429, None),
-        ("anthropic", {"mode": "overloaded"}, 529, "overloaded"),
+        ("anthropic", {"mode": "overloaded"}, 529, 1000),
         ("anthropic", {"mode": "quota"}, 429, None),
     ],
     ids=["openai-rate-limit", "openai-quota", "anthropic-529", "anthropic-spend-cap"],
 )
-def test_without_stop_iteration_never_hangs(governor_without_stop_iteration, sim, dialect, scenario, status, klass):
+def test_without_stop_iteration_never_hangs(governor_without_stop_iteration, sim, dialect, scenario, status, provider_ms):
     envoy = governor_without_stop_iteration
     key = new_key()
     sim.scenario({**scenario, "keys": [key]})
@@ -484,13 +511,17 @@ def test_without_stop_iteration_never_hangs(governor_without_stop_iteration, sim
     assert elapsed < 3.0, f"response took {elapsed:.1f}s"
     assert r.status_code == status
     assert r.content == direct.content
-    # Classified by status and headers alone; a quota answer may look like a rate limit then.
-    assert r.headers.get("x-llm-governor-class") in (
-        (klass,) if klass else ("rate_limited", "quota_exhausted")
-    )
+    # Classified by status and headers alone: the body that says "quota" never reached the
+    # filter, so a quota 429 is a rate limit (the safe default: wait, do not give up).
+    klass = "overloaded" if status == 529 else "rate_limited"
+    assert r.headers.get("x-llm-governor-class") == klass
+    assert r.headers.get("x-should-retry") == "true"
     assert r.headers.get("x-llm-governor-source") == "upstream"
-    if klass == "rate_limited":
-        assert_delay_within(delay_ms(r), 3000)
+    if provider_ms is None:
+        # No time in the headers either: the first hint-less rate limit's backoff.
+        assert 1 <= delay_ms(r) <= 1000
+    else:
+        assert_delay_within(delay_ms(r), provider_ms)
 
 
 def test_without_stop_iteration_the_log_says_so(governor_without_stop_iteration, sim):
@@ -504,6 +535,40 @@ def test_without_stop_iteration_the_log_says_so(governor_without_stop_iteration,
     assert lines, "the fallback to status-and-headers classification is not logged"
     # Once, not once per response (each worker VM may say it once).
     assert len(lines) <= envoy.concurrency + 1, "\n".join(lines)
+
+
+def test_without_stop_iteration_the_worker_stops_holding_for_a_minute_and_counts_it(envoy_factory, sim):
+    """README: after 1 s without a body the filter classifies by status and headers alone,
+    logs once, counts body_unavailable, and stops holding responses on that worker for a
+    minute (then it tries again). One worker, so every response meets the same one."""
+    envoy = envoy_factory(NO_COOLDOWN, allow_on_headers_stop_iteration=False, concurrency=1)
+    sim.scenario({"mode": "quota"})
+
+    def quota_429():
+        started = time.monotonic()
+        r = send(envoy.url, "openai", new_key(), timeout=10)
+        assert r.status_code == 429 and r.headers.get("x-llm-governor-class") == "rate_limited", dict(r.headers)
+        return time.monotonic() - started
+
+    # The first one is held for its body, which never comes: answered after the 1 s wait.
+    first = quota_429()
+    gave_up_at = time.monotonic()
+    assert 0.9 <= first < 3.0, f"the first 429 took {first:.2f} s (the body wait is 1 s)"
+    assert counter(envoy, "openai", "body_unavailable") == 1
+    # For the next minute nothing is held: answered at once, nothing more counted.
+    for _ in range(3):
+        assert quota_429() < 0.5
+    assert counter(envoy, "openai", "body_unavailable") == 1
+    time.sleep(max(0.0, gave_up_at + 55 - time.monotonic()))
+    assert quota_429() < 0.5, "held again before the minute was over"
+    assert counter(envoy, "openai", "body_unavailable") == 1
+    # After the minute it tries again: held for the body, which still does not come.
+    time.sleep(max(0.0, gave_up_at + 61 - time.monotonic()))
+    again = quota_429()
+    assert 0.9 <= again < 3.0, f"not held again after the minute: {again:.2f} s"
+    assert counter(envoy, "openai", "body_unavailable") == 2
+    warnings = [line for line in envoy.log().splitlines() if "held error body never arrived" in line]
+    assert len(warnings) == 1, warnings
 
 
 # --------------------------------------------------------------------------------------------
@@ -656,5 +721,41 @@ def test_cap_shortens_what_clients_are_told_never_the_cooldown(envoy_factory, si
     again = send(envoy.url, "openai", key)
     assert again.status_code == 429
     assert again.headers.get("x-llm-governor-source") == "cooldown"
-    assert delay_ms(again) <= 1000
+    # About 2.9 s of the provider's 4 s are left: capped, the client is told the cap again.
+    assert delay_ms(again) == 1000
     assert len(sim.requests_for(key)) == 1
+
+
+def assert_local_body_shape(r, shape: str) -> None:
+    """The local answer's JSON error body in the shape of `shape`'s API."""
+    assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "cooldown", dict(r.headers)
+    assert r.headers.get("content-type", "").startswith("application/json"), dict(r.headers)
+    body = r.json()
+    if shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error", body
+        assert body["error"]["message"], body
+    elif shape == "gemini":
+        assert body["error"]["code"] == 429 and body["error"]["status"] == "RESOURCE_EXHAUSTED", body
+        assert body["error"]["message"], body
+    else:  # OpenAI and Azure OpenAI share one error shape
+        assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "rate_limit_error", body
+        assert body["error"]["message"], body
+
+
+@pytest.mark.parametrize("dialect", ["gemini", "azure"])
+def test_gemini_and_azure_pools_answer_locally_in_their_dialect(governor_no_hold, sim, dialect):
+    key = new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
+    assert send(governor_no_hold.url, dialect, key).headers.get("x-llm-governor-source") == "upstream"
+    assert_local_body_shape(send(governor_no_hold.url, dialect, key), dialect)
+    assert len(sim.requests_for(key)) == 1
+
+
+def test_auto_dialect_answers_locally_in_the_requests_own_dialect(envoy_factory, sim):
+    # No pools: every request is in `default`, dialect auto, decided from the request.
+    envoy = envoy_factory({"hold": {"max_ms": 0}})
+    for dialect in ("openai", "anthropic", "gemini", "azure"):
+        key = new_key()
+        sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
+        assert send(envoy.url, dialect, key).headers.get("x-llm-governor-source") == "upstream", dialect
+        assert_local_body_shape(send(envoy.url, dialect, key), dialect)

@@ -7,7 +7,10 @@ admitted is counted in the simulator's log, under an API key used by that round 
 
 Buckets refill lazily at the configured rate; the hammer normally ends well inside the time one
 token takes, and when a loaded machine stretches it, the tokens that refilled meanwhile are
-allowed for, so the bound stays exact rather than padded.
+allowed for, so the bound stays exact rather than padded. Likewise a shared-data update that
+meets a concurrent writer eight times in a row admits its request without taking a token
+(fail-open) and counts `store_contention`: every such admission is allowed for, one each, from
+that counter. Each bound is what the design allows, and nothing else.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
 
     for _ in range(ROUNDS):
         api_key, tenant = fresh("sk-lim"), fresh("tenant")
+        contention_before = counter(envoy, "openai", "store_contention")
         replies = post_concurrently(
             envoy.url, [[job(api_key, tenant)] * HAMMER_PER_CONNECTION for _ in range(HAMMER_CONNECTIONS)]
         )
@@ -117,17 +121,25 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
         assert len(upstream) == len(admitted), "a rejected request reached the upstream, or an admitted one did not"
         assert all(q["status"] == 200 for q in upstream)
         slack = refilled(replies, PER_MINUTE)
-        rounds.append(len(admitted) if not slack else f"{len(admitted)} (+{slack} refilled)")
-        assert BURST <= len(admitted) <= BURST + concurrency - 1 + slack, (
+        contended = counter(envoy, "openai", "store_contention") - contention_before
+        note = "".join([f" (+{slack} refilled)" if slack else "", f" (+{contended} fail-open)" if contended else ""])
+        rounds.append(f"{len(admitted)}{note}" if note else len(admitted))
+        assert BURST <= len(admitted) <= BURST + concurrency - 1 + slack + contended, (
             f"admitted {len(admitted)} of {len(replies)} with burst {BURST} on {concurrency} workers "
-            f"({slack} tokens refilled during the hammer)"
+            f"({slack} tokens refilled during the hammer, {contended} updates given up under contention)"
         )
         waits = [assert_limit_answer(r, "tenant-rpm", PER_MINUTE, 60_000 // PER_MINUTE) for r in rejected]
         rejected_total += len(rejected)
 
-        # retry-after-ms is honest: coming back when told finds a token.
-        last = max(rejected, key=lambda r: r.received)
-        time.sleep(max(0.0, last.received + waits[rejected.index(last)] / 1000 + 0.05 - time.monotonic()))
+        # retry-after-ms is honest: coming back when told finds a token. Each refusal was told
+        # the time until the next token as of when it was decided, so the latest of (answer
+        # received + wait) is at or after the token the last-decided refusal was told about.
+        # When tokens refilled during the hammer, one of them may have gone to a request
+        # decided after that refusal: then the honest time is one token later.
+        come_back = max(r.received + w / 1000 for r, w in zip(rejected, waits))
+        if slack:
+            come_back += 60 / PER_MINUTE
+        time.sleep(max(0.0, come_back + 0.05 - time.monotonic()))
         (again,) = post_concurrently(envoy.url, [[job(api_key, tenant)]])
         assert again.status == 200, (again.status, again.headers)
         assert len(sim.requests_for(api_key)) == len(admitted) + 1
@@ -186,20 +198,24 @@ def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
     assert counter(envoy, "openai", "overflow_keys") == 0
 
     # 450 more distinct tenants, one request each, from 8 connections at once.
+    contention_before = counter(envoy, "openai", "store_contention")
     lanes = [overflow_tenants[i::HAMMER_CONNECTIONS] for i in range(HAMMER_CONNECTIONS)]
     replies = post_concurrently(envoy.url, [[job(overflow_key, t) for t in lane] for lane in lanes])
     assert len(replies) == OVERFLOW_PHASE
     overflowed = counter(envoy, "openai", "overflow_keys")
-    # A contended key count admits the key rather than failing the request, so a handful of
-    # racing tenants may still get their own bucket; each such one is not counted as overflow.
-    assert 0 < overflowed <= OVERFLOW_PHASE
-    assert overflowed >= OVERFLOW_PHASE - 10, f"only {overflowed} of {OVERFLOW_PHASE} new tenants overflowed"
-    own_buckets_won = OVERFLOW_PHASE - overflowed
+    # Every one of them: the key count is at max_keys, so counting a new key writes nothing and
+    # cannot be contended; no racing tenant gets a bucket of its own.
+    assert overflowed == OVERFLOW_PHASE, f"{overflowed} of {OVERFLOW_PHASE} new tenants overflowed"
 
     admitted = [r for r in replies if r.status == 200]
     assert len(sim.requests_for(overflow_key)) == len(admitted)
-    assert BURST <= len(admitted) <= BURST + envoy.concurrency - 1 + own_buckets_won, (
-        f"{len(admitted)} of {OVERFLOW_PHASE} distinct overflow tenants admitted: they should share one bucket of {BURST}"
+    # One shared bucket of 5: the first-write race (each worker may create it once), tokens
+    # refilled meanwhile (one a minute) and fail-open give-ups are all the slack there is.
+    contended = counter(envoy, "openai", "store_contention") - contention_before
+    slack = refilled(replies, SLOW["requests_per_minute"]) + contended
+    assert BURST <= len(admitted) <= BURST + envoy.concurrency - 1 + slack, (
+        f"{len(admitted)} of {OVERFLOW_PHASE} distinct overflow tenants admitted: they should share one bucket "
+        f"of {BURST} ({contended} updates given up under contention)"
     )
     for r in replies:
         if r.status != 200:

@@ -14,6 +14,7 @@ per-(pool, account) cooldowns cannot couple cases.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -355,28 +356,55 @@ def test_exhausted_counter_names_the_dimension_that_ran_out(sim, governor, diale
 # Preemptive pacing
 
 
+def timed_call(envoy: Envoy, dialect: str, key: str):
+    """(response, wall-clock ms just before sending, wall-clock ms once answered)."""
+    sent = time.time() * 1000
+    r = call(envoy, dialect, key)
+    return r, sent, time.time() * 1000
+
+
+CLOCK_SLACK_MS = 5  # Envoy reads whole wall-clock ms
+
+
 def test_zero_remaining_paces_the_next_call_locally_in_both_dialects(sim, governor):
-    """A 200 reporting 0 remaining with a reset ~3 s away cools that (pool, account) until the
-    reset: the next call is answered locally, nothing reaches the provider, then it flows."""
+    """A 200 reporting 0 remaining with a reset 3 s away cools that (pool, account) until the
+    reset: the next call is answered locally with what is left of it plus jitter (a fraction
+    of the 3 s), nothing reaches the provider, then it flows."""
     keys = {"openai": new_key(), "anthropic": new_key("sk-ant-obs"), "openai-tokens": new_key()}
     before = stats(governor)
 
+    # When each cooldown ends, as a span of wall-clock ms, and the period its jitter is a
+    # fraction of (at most).
+    deadlines = {}
     sim.scenario({"ratelimit": {"remaining_requests": 0, "reset_requests_ms": 3000}})
     for dialect in ("openai", "anthropic"):
-        r = call(governor, dialect, keys[dialect])
+        r, sent, received = timed_call(governor, dialect, keys[dialect])
         assert r.status_code == 200 and "x-llm-governor-source" not in r.headers, dict(r.headers)
+        if dialect == "openai":
+            # A Go duration, relative to the response: 3 s after Envoy saw it.
+            deadlines[dialect] = (sent + 3000, received + 3000, 3000)
+        else:
+            # An RFC 3339 instant, which the simulator rounds up to the second: exactly known.
+            answered_at = sim.requests_for(keys[dialect])[-1]["unix_ms"]
+            instant = math.ceil((answered_at + 3000) / 1000) * 1000
+            deadlines[dialect] = (instant, instant, instant - sent)
     sim.scenario({"ratelimit": {"remaining_tokens": 0, "reset_tokens_ms": 3000}})
-    r = call(governor, "openai", keys["openai-tokens"])
+    r, sent, received = timed_call(governor, "openai", keys["openai-tokens"])
     assert r.status_code == 200 and r.headers["x-ratelimit-remaining-tokens"] == "0", dict(r.headers)
+    deadlines["openai-tokens"] = (sent + 3000, received + 3000, 3000)
     sim.scenario({"mode": "ok"})  # from now on the provider would say yes
 
-    # Anthropic's reset is an RFC 3339 instant rounded up to the second: up to 4 s away.
-    limits = {"openai": 3000, "anthropic": 4000, "openai-tokens": 3000}
     free_at = {}
     for name, key in keys.items():
-        r = call(governor, name.split("-")[0], key)
-        delay = assert_local_cooldown(r, max_delay_ms=int(limits[name] * (1 + JITTER)) + 50)
-        assert delay >= 1500, f"{name}: told {delay} ms for a reset ~3 s away"
+        r, sent, received = timed_call(governor, name.split("-")[0], key)
+        low_deadline, high_deadline, period = deadlines[name]
+        delay = assert_local_cooldown(r, max_delay_ms=int(period * (1 + JITTER)) + 50)
+        left_low = low_deadline - received - CLOCK_SLACK_MS
+        left_high = high_deadline - sent + CLOCK_SLACK_MS
+        assert left_low <= delay <= left_high + JITTER * period, (
+            f"{name}: told {delay} ms; {left_low:.0f}..{left_high:.0f} ms of the cooldown were left, "
+            f"plus at most {JITTER * period:.0f} ms of jitter"
+        )
         free_at[name] = time.monotonic() + delay / 1000
         assert len(sim.requests_for(key)) == 1, f"{name}: the paced call reached the provider"
 
@@ -575,6 +603,39 @@ def test_alert_rules_use_series_envoy_exports(sim, governor):
     prom = governor.prometheus()
     for label in re.findall(r"\b(envoy_[a-z_]+)=", text):
         assert f"{label}=" in prom, f"alerts.yaml uses label {label}, which Envoy does not export"
+
+
+def documented_stats() -> dict:
+    """Every per-pool stat the tables of docs/observability.md name, by kind (from the
+    Prometheus TYPE the table's section implies: histograms are in their own table)."""
+    doc = DOCS.read_text()
+    names = re.findall(r"^\| `llm_governor\.pool\.<P>\.([a-z0-9_]+)` \|", doc, re.M)
+    histogram_section = doc.split("## Histogram", 1)[1].split("\n## ", 1)[0]
+    histograms = set(re.findall(r"`llm_governor\.pool\.<P>\.([a-z0-9_]+)`", histogram_section))
+    return {n: ("histogram" if n in histograms else "value") for n in names}
+
+
+def test_every_documented_stat_exists_at_zero_from_configuration(envoy_factory):
+    # No request at all: the stats exist, at 0, from the moment the plugin is configured, for
+    # every configured pool and for `default`, so rate() and increase() work from the first
+    # event. Nothing is exported that the docs do not describe.
+    envoy = envoy_factory({"pools": POOLS}, concurrency=2)
+    documented = documented_stats()
+    assert len(documented) >= 30, documented
+    snapshot = envoy.stats(filter_regex=r"^wasmcustom\.llm_governor\.")
+    prometheus = set(envoy.prometheus().splitlines())
+    for pool in ("openai", "anthropic", "default"):
+        exported = {name.split(".", 4)[4] for name in snapshot if name.startswith(f"wasmcustom.llm_governor.pool.{pool}.")}
+        assert exported == set(documented), (
+            f"pool {pool}: exported but undocumented {sorted(exported - set(documented))}, "
+            f"documented but missing {sorted(set(documented) - exported)}"
+        )
+        for metric, kind in documented.items():
+            if kind == "histogram":
+                assert f'llm_governor_pool_{metric}_count{{llm_pool="{pool}"}} 0' in prometheus, (pool, metric)
+            else:
+                assert snapshot[stat_name(pool, metric)] == 0, (pool, metric, snapshot[stat_name(pool, metric)])
+                assert f'llm_governor_pool_{metric}{{llm_pool="{pool}"}} 0' in prometheus, (pool, metric)
 
 
 def test_docs_describe_every_stat(governor):
