@@ -28,7 +28,6 @@ Exits non-zero when a check fails; prints every figure.
 
 from __future__ import annotations
 
-import copy
 import http.client
 import json
 import os
@@ -42,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "e2e"))
 
-from harness import Envoy, Simulator, envoy_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, Simulator, failover_bootstrap  # noqa: E402
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 MAX_KEYS = 200
@@ -61,25 +60,6 @@ CONFIG = {
     ],
 }
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def bootstrap(primary: int, backup: int) -> dict:
-    boot = envoy_bootstrap(primary, [wasm_filter(CONFIG)])
-    clusters = boot["static_resources"]["clusters"]
-    second = copy.deepcopy(clusters[0])
-    second["name"] = second["load_assignment"]["cluster_name"] = "backup"
-    second["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"][
-        "port_value"] = backup
-    clusters.append(second)
-    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["route_config"]["virtual_hosts"][0]["routes"].insert(0, {
-        "match": {"prefix": "/", "headers": [{"name": "x-llm-governor-pool", "string_match": {"exact": "backup"}}]},
-        "route": {"cluster": "backup", "timeout": "60s"},
-        "request_headers_to_remove": ["authorization", "x-llm-governor-pool"],
-        "request_headers_to_add": [{"header": {"key": "x-api-key", "value": "sk-soak-backup"},
-                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-    })
-    return boot
 
 
 class Load:
@@ -141,7 +121,7 @@ def main() -> int:
     try:
         primary.scenario({"mode": "ok", "latency_ms": 50})
         backup.scenario({"mode": "ok", "latency_ms": 50})
-        with Envoy(None, upstream_port=primary.port, bootstrap=bootstrap(primary.port, backup.port)) as envoy:
+        with Envoy(None, upstream_port=primary.port, bootstrap=failover_bootstrap(primary.port, backup.port, CONFIG, backup_pools=("backup",))) as envoy:
             start = time.monotonic()
             until = start + SECONDS
             load = Load(envoy.port, until)

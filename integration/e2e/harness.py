@@ -14,6 +14,7 @@ whose log shows a `[critical]` wasm line fails on stop.
 
 from __future__ import annotations
 
+import copy
 import http.client
 import itertools
 import json
@@ -316,6 +317,99 @@ def envoy_bootstrap(
             ],
         },
     }
+
+
+def failover_bootstrap(
+    primary_port: int,
+    backup_port: int,
+    plugin_config: dict,
+    backup_pools: tuple = ("openai-backup",),
+    backup_key: str = "sk-backup-injected",
+) -> dict:
+    """envoy_bootstrap with llm-governor plus a `backup` cluster on backup_port, routed on
+    `x-llm-governor-pool: <pool>` for each of backup_pools, with the backup's credential
+    injected (as `x-api-key`) and the client's own credential headers removed, as
+    envoy/failover.yaml does."""
+    boot = envoy_bootstrap(primary_port, [wasm_filter(plugin_config)])
+    clusters = boot["static_resources"]["clusters"]
+    backup = copy.deepcopy(clusters[0])
+    backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
+    backup["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"][
+        "port_value"
+    ] = backup_port
+    clusters.append(backup)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    for pool in backup_pools:
+        routes.insert(0, {
+            "match": {"prefix": "/", "headers": [{"name": "x-llm-governor-pool", "string_match": {"exact": pool}}]},
+            "route": {"cluster": "backup", "timeout": "300s"},
+            "request_headers_to_remove": ["x-api-key", "api-key", "authorization", "x-llm-governor-pool"],
+            "request_headers_to_add": [
+                {"header": {"key": "x-api-key", "value": backup_key}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            ],
+        })
+    return boot
+
+
+class RawUpstream(threading.Thread):
+    """A hand-written upstream on a free loopback port, for answers the simulator cannot give
+    (late ends of stream, resets, oversized bodies). Subclasses implement serve(conn), called on
+    its own thread per connection; stop() ends the accept loop.
+
+        with MyUpstream() as up:
+            envoy_bootstrap(up.port, ...)
+    """
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+    def __enter__(self) -> "RawUpstream":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @staticmethod
+    def read_request(conn: socket.socket) -> Optional[bytes]:
+        """One request's head and body (content-length), or None if the peer closed."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(rest) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            rest += chunk
+        return head + b"\r\n\r\n" + rest
 
 
 class Envoy:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
 import uuid
 
-from harness import envoy_bootstrap, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, wasm_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CONFIG = {"pools": POOLS, "cooldown": {"enabled": False}}
@@ -37,26 +36,9 @@ def error_body(marker_end: int, total: int) -> bytes:
     return body
 
 
-class _BigErrorUpstream(threading.Thread):
-    """A raw upstream answering every request with a 429 whose body is chosen by the request's
-    path: /v1/chat/<marker_end>/<total>."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-
-    def run(self):
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+class _BigErrorUpstream(RawUpstream):
+    """Answers every request with a 429 whose body is chosen by the request's path:
+    /v1/chat/<marker_end>/<total>."""
 
     def serve(self, conn):
         with conn:
@@ -95,9 +77,7 @@ def post(port: int, path: str):
 
 
 def test_classification_reads_the_first_16_kib_of_an_error_body_and_passes_all_of_it(envoy_factory):
-    upstream = _BigErrorUpstream()
-    upstream.start()
-    try:
+    with _BigErrorUpstream() as upstream:
         envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(CONFIG)]), concurrency=1)
         for marker_end, total, klass in [
             (200, 40_000, "quota_exhausted"),          # a normal quota body, padded past the cap
@@ -115,8 +95,6 @@ def test_classification_reads_the_first_16_kib_of_an_error_body_and_passes_all_o
             # Classified as soon as 16 KiB arrived, not after the 1 s wait for a body.
             assert took < 0.9, f"{marker_end}/{total}: answered after {took:.2f} s"
         assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
-    finally:
-        upstream.stop.set()
 
 
 def raw_exchange(s: socket.socket, key: str, body_size: int, piece: int = 64 * 1024) -> tuple:

@@ -6,8 +6,6 @@ the fallback's injected credential. Every assertion reads what each provider log
 
 from __future__ import annotations
 
-import copy
-import json
 import time
 import uuid
 
@@ -16,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from harness import Simulator, envoy_bootstrap, wasm_filter
+from harness import Simulator, envoy_bootstrap, failover_bootstrap, wasm_filter
 
 BACKUP_KEY = "sk-backup-injected"
 POOLS = [
@@ -29,31 +27,6 @@ POOLS = [
 ]
 CONFIG = {"pools": POOLS}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def failover_bootstrap(primary_port: int, backup_port: int, plugin_config: dict) -> dict:
-    """The harness's bootstrap plus a `backup` cluster, routed on x-llm-governor-pool with the
-    backup's credential injected and the client's removed (as envoy/failover.yaml does)."""
-    boot = envoy_bootstrap(primary_port, [wasm_filter(plugin_config)])
-    clusters = boot["static_resources"]["clusters"]
-    backup = copy.deepcopy(clusters[0])
-    backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
-    backup["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"][
-        "port_value"
-    ] = backup_port
-    clusters.append(backup)
-    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    for pool in ("openai-backup", "anthropic-backup"):
-        routes.insert(0, {
-            "match": {"prefix": "/", "headers": [{"name": "x-llm-governor-pool", "string_match": {"exact": pool}}]},
-            "route": {"cluster": "backup", "timeout": "30s"},
-            "request_headers_to_remove": ["x-api-key", "api-key", "authorization", "x-llm-governor-pool"],
-            "request_headers_to_add": [
-                {"header": {"key": "x-api-key", "value": BACKUP_KEY}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
-            ],
-        })
-    return boot
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +44,9 @@ def backup(backup_sim):
 
 @pytest.fixture
 def gateway(envoy_factory, simulator, backup_sim):
-    return envoy_factory(None, bootstrap=failover_bootstrap(simulator.port, backup_sim.port, CONFIG))
+    boot = failover_bootstrap(simulator.port, backup_sim.port, CONFIG,
+                              backup_pools=("openai-backup", "anthropic-backup"), backup_key=BACKUP_KEY)
+    return envoy_factory(None, bootstrap=boot)
 
 
 def new_key(prefix: str = "sk-fo") -> str:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
 import uuid
 
-from harness import envoy_bootstrap, free_port, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, free_port, wasm_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CHAT_BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a prompt of some length"}]}
@@ -100,41 +99,18 @@ def test_a_slow_upload_during_a_cooldown_is_answered_after_its_body_and_changes_
     assert "held error body never arrived" not in envoy.log()
 
 
-class _LateEndUpstream(threading.Thread):
-    """A raw upstream: a quota 429 whose whole body comes with the headers (chunked), and whose
-    terminating chunk comes `late_s` later."""
+class _LateEndUpstream(RawUpstream):
+    """A quota 429 whose whole body comes with the headers (chunked), and whose terminating
+    chunk comes `late_s` later."""
 
     def __init__(self, late_s: float):
-        super().__init__(daemon=True)
+        super().__init__()
         self.late_s = late_s
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-
-    def run(self):
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
     def serve(self, conn):
         with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, rest = data.split(b"\r\n\r\n", 1)
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            while len(rest) < length:
-                rest += conn.recv(65536)
+            if self.read_request(conn) is None:
+                return
             conn.sendall(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
                          b"transfer-encoding: chunked\r\n\r\n"
                          + f"{len(QUOTA_BODY):x}\r\n".encode() + QUOTA_BODY + b"\r\n")
@@ -145,9 +121,7 @@ class _LateEndUpstream(threading.Thread):
 def test_a_held_429_whose_stream_ends_late_is_classified_from_the_body_already_there(envoy_factory):
     """Issue 10, item 2: the 1 s body wait passes before the end of stream, but the whole quota
     body is buffered: it is classified quota_exhausted, and nothing switches to headers-only."""
-    upstream = _LateEndUpstream(late_s=2.0)
-    upstream.start()
-    try:
+    with _LateEndUpstream(late_s=2.0) as upstream:
         envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter({"pools": POOLS})]),
                               concurrency=1)
         for _ in range(2):
@@ -156,5 +130,3 @@ def test_a_held_429_whose_stream_ends_late_is_classified_from_the_body_already_t
             assert headers.get("x-llm-governor-class") == "quota_exhausted", headers
             assert headers.get("x-should-retry") == "false", headers
         assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
-    finally:
-        upstream.stop.set()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import threading
 import time
 import uuid
 
@@ -14,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import envoy_bootstrap, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, wasm_filter
 
 TPM = {
     "pools": [
@@ -196,7 +195,7 @@ def test_usage_is_charged_when_the_route_times_out_mid_stream(simulator, envoy_f
     assert_charged(envoy, sim, tenant, (sent + 1.0, streaming + 1.0))
 
 
-class _CutStreamUpstream(threading.Thread):
+class _CutStreamUpstream(RawUpstream):
     """A raw upstream that starts an Anthropic stream (headers and message_start) and then
     resets the connection."""
 
@@ -211,22 +210,8 @@ class _CutStreamUpstream(threading.Thread):
     )
 
     def __init__(self):
-        super().__init__(daemon=True)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
+        super().__init__()
         self.reset_at = []
-
-    def run(self):
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
     def serve(self, conn):
         data = b""
@@ -245,9 +230,7 @@ class _CutStreamUpstream(threading.Thread):
 
 
 def test_usage_is_charged_when_the_upstream_resets_mid_stream(envoy_factory):
-    upstream = _CutStreamUpstream()
-    upstream.start()
-    try:
+    with _CutStreamUpstream() as upstream:
         envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(TPM)]))
         tenant = "tpm-" + uuid.uuid4().hex[:8]
         s = open_stream(envoy.port, tenant)
@@ -259,5 +242,3 @@ def test_usage_is_charged_when_the_upstream_resets_mid_stream(envoy_factory):
         # up to delayed_close_timeout later, which says nothing about the charge).
         low, high = told_wait_bounds(CUT_DEBT, (reset_at, reset_at), asked)
         assert low <= told <= high, f"told {told} ms; 151 charged tokens mean {low:.0f}..{high:.0f}"
-    finally:
-        upstream.stop.set()
