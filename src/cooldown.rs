@@ -18,7 +18,7 @@ pub const PACE_OPEN_AT: u64 = 64;
 /// Pacing left behind by traffic that stopped is forgotten after this long.
 pub const PACE_IDLE_MS: u64 = 60_000;
 
-/// A cooldown and its pace, as stored in shared data: 31 fixed-width bytes.
+/// A cooldown and its pace, as stored in shared data: 39 fixed-width bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CooldownRecord {
     /// Until when the provider said "not now", Unix ms (0: not cooling).
@@ -32,6 +32,10 @@ pub struct CooldownRecord {
     /// Consecutive failed cooldown rounds; a success resets it.
     pub streak: u8,
     pub pace: Pace,
+    /// The latest deadline the answers of one burst stated (see `merge`): clients are told the
+    /// first one, but held requests are released only after this one, when a provider whose
+    /// window counts rejected requests has really reopened.
+    pub burst_end_ms: u64,
 }
 
 /// How traffic comes back after a cooldown.
@@ -51,7 +55,7 @@ pub struct Pace {
 }
 
 impl CooldownRecord {
-    pub const LEN: usize = 31;
+    pub const LEN: usize = 39;
 
     /// Not cooling, not pacing.
     pub fn idle(class: Class) -> CooldownRecord {
@@ -62,6 +66,7 @@ impl CooldownRecord {
             class,
             streak: 0,
             pace: Pace::default(),
+            burst_end_ms: 0,
         }
     }
 
@@ -76,6 +81,7 @@ impl CooldownRecord {
         out[19..21].copy_from_slice(&self.pace.credits.to_le_bytes());
         out[21..23].copy_from_slice(&self.pace.out.to_le_bytes());
         out[23..31].copy_from_slice(&self.pace.last_release_ms.to_le_bytes());
+        out[31..39].copy_from_slice(&self.burst_end_ms.to_le_bytes());
         out
     }
 
@@ -97,6 +103,7 @@ impl CooldownRecord {
                 out: u16::from_le_bytes(b[21..23].try_into().ok()?),
                 last_release_ms: u64::from_le_bytes(b[23..31].try_into().ok()?),
             },
+            burst_end_ms: u64::from_le_bytes(b[31..39].try_into().ok()?),
         })
     }
 
@@ -150,6 +157,7 @@ pub fn merge(
         class: w.class,
         streak,
         pace: old.map(|o| o.pace).unwrap_or_default(),
+        burst_end_ms: 0,
     };
     let Some(o) = old else {
         return fresh;
@@ -166,8 +174,14 @@ pub fn merge(
         // The answers of one burst arrive over tens or hundreds of milliseconds, each with the
         // same "N s from now", and clients were already told N s plus up to `jitter` of it.
         // Moving the deadline by less than that band would only turn away the clients that
-        // come back on time, after the provider has recovered.
-        return CooldownRecord { streak, ..o };
+        // come back on time, after the provider has recovered. The burst's own end is kept
+        // apart: held requests wait for it (a window that counts rejected requests reopens
+        // only after the burst's last one).
+        return CooldownRecord {
+            streak,
+            burst_end_ms: o.burst_end_ms.max(fresh.deadline_ms),
+            ..o
+        };
     }
     if o.class == w.class && o.deadline_ms.saturating_add(u64::from(o.spread_ms)) > now_ms {
         // Soon after the previous cooldown ended, this one is part of the same episode (a
@@ -199,10 +213,17 @@ pub enum Gate {
 /// `paced` is false when holding is off: then a cooldown's end lets everything through, as
 /// the gateway did before it could hold.
 pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<CooldownRecord>) {
-    if rec.deadline_ms > now_ms {
+    // With holding on, a request waits for the end of the whole burst; without it, clients
+    // told the first deadline are let through from then on (the burst-band rule).
+    let until = if paced {
+        rec.deadline_ms.max(rec.burst_end_ms)
+    } else {
+        rec.deadline_ms
+    };
+    if until > now_ms {
         let gate = Gate::Cooling {
             class: rec.class,
-            remaining_ms: rec.deadline_ms - now_ms,
+            remaining_ms: until - now_ms,
         };
         return (gate, None);
     }

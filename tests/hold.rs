@@ -438,3 +438,35 @@ fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_r
     );
     assert_eq!(gone(&host.tick()), [2, 3], "two, not all seven");
 }
+
+#[test]
+fn held_requests_wait_for_the_end_of_a_burst_of_429s_that_all_said_the_same_time() {
+    // A burst of "3 s" answers over 100 ms: clients are told 3 s (plus jitter) from the first,
+    // but a window that counts rejected requests reopens 3 s after the last: held requests go
+    // then (the failover storm's probe met a full window 3 s after the first 429).
+    let mut host = Host::new(CFG);
+    let first = host.forward(PATH, &[A]);
+    let second = host.forward(PATH, &[A]);
+    host.respond(&first, 429, &[("retry-after", "3")], RL);
+    host.advance(100);
+    host.respond(&second, 429, &[("retry-after", "3")], RL);
+    held(host.arrive(1, PATH, &[A]));
+    host.advance(2_900); // 3 s after the first 429
+    assert!(host.tick().is_empty(), "not before the burst's last 3 s");
+    host.advance(100);
+    assert_eq!(gone(&host.tick()), [1]);
+}
+
+#[test]
+fn without_holding_the_first_deadline_of_a_burst_lets_clients_through() {
+    let mut host = Host::new(
+        r#"{"hold": {"max_ms": 0}, "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}]}"#,
+    );
+    let first = host.forward(PATH, &[A]);
+    let second = host.forward(PATH, &[A]);
+    host.respond(&first, 429, &[("retry-after", "3")], RL);
+    host.advance(100);
+    host.respond(&second, 429, &[("retry-after", "3")], RL);
+    host.advance(2_900);
+    go(host.arrive(1, PATH, &[A]));
+}
