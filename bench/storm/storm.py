@@ -2,13 +2,18 @@
 
     .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,overnight,replay] [--configs abcdefg]
                                           [--repeat N] [--no-plot]
+    .venv/bin/python bench/storm/storm.py --scenarios issue3-failover,spendcap-failover
 
 Configurations: (a) no gateway, (b) Envoy retrying 429 x3, (c) Envoy with
 rate_limited_retry_back_off, (d) LiteLLM's proxy with num_retries: 3, (e) Envoy + llm-governor
 (one pool for /v1/chat, defaults: hold on), (f) (e) with retry_after.escalate, (g) (e) with
 hold off (`hold.max_ms: 0`). The overnight scenario runs its own set: (e-cap) llm-governor with
 `max_in_flight: 8` per account, (e), (g), (a), (d-cap) LiteLLM with the deployment's
-`max_parallel_requests: 8`, (d). `--configs` selects by letter (`e` selects e and e-cap).
+`max_parallel_requests: 8`, (d). The failover scenarios (issue 9: issue3-failover,
+spendcap-failover) add a second provider (a second simulator) and run (e) (one provider, no
+fallback), (e-fo) llm-governor with a fallback pool on a second Envoy cluster, (d-fo) LiteLLM
+with the two providers as two deployments of one model; each of their storms gets freshly
+started gateways. `--configs` selects by letter (`e` selects e, e-cap and e-fo).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
 PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
@@ -51,6 +56,22 @@ COLUMNS = [
     ("p50 to completion", "p50_ms", "{:,.0f} ms"),
     ("p99 to completion", "p99_ms", "{:,.0f} ms"),
 ]
+# Failover storms (issue 9): both providers together, then each provider's own figures.
+FAILOVER_COLUMNS = [
+    ("completed", "completed", "{:.0f}/{calls}"),
+    ("served by backup", "backup_ok", "{:.0f}"),
+    ("upstream req / call (both)", "per_call", "{:.2f}"),
+    ("requests primary", "primary_requests", "{:.0f}"),
+    ("requests backup", "backup_requests", "{:.0f}"),
+    ("429s primary", "primary_429s", "{:.0f}"),
+    ("429s backup", "backup_429s", "{:.0f}"),
+    ("primary 429s after its first wave", "primary_late_429s", "{:.0f}"),
+    ("backup 429s after its first wave", "backup_late_429s", "{:.0f}"),
+    ("client-visible 429s", "client_429s", "{:.0f}"),
+    ("of them local (filter)", "client_local_429s", "{:.0f}"),
+    ("p50 to completion", "p50_ms", "{:,.0f} ms"),
+    ("p99 to completion", "p99_ms", "{:,.0f} ms"),
+]
 OPTIONAL_COLUMNS = [
     ("p99 / schedule minimum", "p99_over_schedule_min", "{:.3f}"),
     ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
@@ -71,7 +92,10 @@ def cell(rows: list, figure: str, fmt: str) -> str:
 
 def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
-    columns = COLUMNS + [c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in rows)]
+    if any("backup_requests" in r for r in rows):
+        columns = FAILOVER_COLUMNS
+    else:
+        columns = COLUMNS + [c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in rows)]
     by_config: dict = {}
     for r in rows:
         by_config.setdefault(r["config"], []).append(r)
@@ -121,6 +145,38 @@ def module_digest() -> str:
         return ""
 
 
+def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup) -> list:
+    """The storms of `batch`, one after the other, through one freshly started gateway `key`."""
+    gateway = gateways.make_gateway(key, sim, args.concurrency, backup=backup)
+    try:
+        gateway.start()
+    except gateways.GatewayUnavailable as err:
+        reason = str(err).splitlines()[0]
+        print(f"({key}) {gateway.name}: not run: {reason}", flush=True)
+        return [{"scenario": s.name, "title": s.title, "config": key, "config_name": gateway.name,
+                 "repeat": rep, "unavailable": reason} for s in batch]
+    out = []
+    try:
+        for storm in batch:
+            t = time.time()
+            r = run_storm(storm, gateway, sim, backup)
+            r["repeat"] = rep
+            out.append(r)
+            split = ""
+            if "backup_requests" in r:
+                split = (f" [primary {r['primary_requests']} req, {r['primary_429s']} 429s, {r['primary_late_429s']} "
+                         f"after its first wave of {r['primary_first_wave']}; backup {r['backup_requests']} req, "
+                         f"{r['backup_429s']} 429s, {r['backup_late_429s']} after its first wave of "
+                         f"{r['backup_first_wave']}; {r['backup_ok']} served by backup]")
+            print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']}/{r['calls']} completed, "
+                  f"{r['per_call']:.2f} req/call, {r['provider_429s']} provider 429s ({r['late_429s']} after "
+                  f"the first wave of {r['first_wave']}), {r['client_429s']} seen by clients, "
+                  f"p99 {r['p99_ms']} ms{split} [{time.time() - t:.1f}s]", flush=True)
+    finally:
+        gateway.stop()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="issue3,issue5,overnight,replay")
@@ -144,33 +200,21 @@ def main() -> int:
     digest = module_digest()  # before any Envoy loads it: a rebuild during the run would show here
     started = time.time()
     sim = Simulator().start()
+    # The second provider of the failover storms, only when one is run.
+    backup = Simulator().start() if any(s.backup_phases is not None for s in storms) else None
     try:
         for rep in range(args.repeat):
             for key in keys:
                 mine = [s for s in storms if key in wanted[s.name]]
-                gateway = gateways.make_gateway(key, sim, args.concurrency)
-                try:
-                    gateway.start()
-                except gateways.GatewayUnavailable as err:
-                    reason = str(err).splitlines()[0]
-                    print(f"({key}) {gateway.name}: not run: {reason}", flush=True)
-                    results += [{"scenario": s.name, "title": s.title, "config": key, "config_name": gateway.name,
-                                 "repeat": rep, "unavailable": reason} for s in mine]
-                    continue
-                try:
-                    for storm in mine:
-                        t = time.time()
-                        r = run_storm(storm, gateway, sim)
-                        r["repeat"] = rep
-                        results.append(r)
-                        print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']}/{r['calls']} completed, "
-                              f"{r['per_call']:.2f} req/call, {r['provider_429s']} provider 429s ({r['late_429s']} after "
-                              f"the first wave of {r['first_wave']}), {r['client_429s']} seen by clients, "
-                              f"p99 {r['p99_ms']} ms [{time.time() - t:.1f}s]", flush=True)
-                finally:
-                    gateway.stop()
+                # A storm with fresh_gateway gets a gateway of its own; the others share one.
+                shared = [s for s in mine if not s.fresh_gateway]
+                batches = ([shared] if shared else []) + [[s] for s in mine if s.fresh_gateway]
+                for batch in batches:
+                    results += run_batch(key, batch, rep, args, sim, backup)
     finally:
         sim.stop()
+        if backup is not None:
+            backup.stop()
 
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
             "argv": sys.argv[1:], "envoy_concurrency": args.concurrency, "litellm": gateways.litellm_version(),

@@ -2,7 +2,8 @@
 (integration/e2e/test_storm.py). One module per job:
 
 - `scenarios`: what the provider does and how many clients call (Storm, Phase, SCENARIOS);
-- `gateways`: what stands between them, configurations (a) to (g);
+- `gateways`: what stands between them, configurations (a) to (g), and (e-fo), (d-fo) with a
+  second provider (issue 9);
 - `clients`: the official openai SDK, and the raw HTTP/1.1 client on a fixed schedule;
 - `run`: one storm through one gateway: reset, release the clients, collect the simulator's log;
 - `analysis`: the figures, read from what the simulator logged and what the clients got.

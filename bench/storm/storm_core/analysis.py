@@ -28,6 +28,18 @@ Definitions (also in BENCHMARKS.md):
 - **p50 / p99**: time to completion of the completed calls. **p99 / schedule minimum**: p99
   divided by the earliest time the last call can complete (issue 3: 9,000 ms, the fourth
   window).
+
+Failover storms (issue 9, two providers, each its own simulator and log):
+
+- Every figure above that counts upstream requests or 429s counts both providers together
+  (`upstream_requests`, `per_call`, `provider_429s`), and the same figure per provider is
+  prefixed `primary_` or `backup_`.
+- **Each pool's cold first wave**: the definition above applied to each provider's own log, so
+  the second provider's first wave is the burst it received first (the steered retries of the
+  primary's first wave, or LiteLLM's share of the first calls). `late_429s` is the sum of both
+  providers' 429s after their own first waves; `max_late_429s_per_round` the largest over both
+  providers' rounds.
+- `primary_ok` / `backup_ok`: the 200s each provider logged, i.e. the calls each one served.
 """
 
 from __future__ import annotations
@@ -86,8 +98,33 @@ def percentile(values: list, p: float) -> Optional[float]:
     return round(s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))], 1)
 
 
+def provider_figures(up: list, clients: int) -> dict:
+    """One provider's figures: requests, 200s, 429s (by decision), its own cold first wave, 429s
+    after it, and its cooldown rounds."""
+    wave = first_wave(up, clients)
+    rejected = [i for i, u in enumerate(up) if u.status == 429]
+    rounds = cooldown_rounds(up, wave)
+    return {
+        "requests": len(up),
+        "ok": sum(1 for u in up if u.status == 200),
+        "429s": len(rejected),
+        "429s_by_decision": _count(up[i].decision for i in rejected),
+        "first_wave": wave,
+        "first_wave_span_ms": round(up[wave - 1].t_ms - up[0].t_ms, 1) if wave else None,
+        "first_wave_start_ms": round(up[0].t_ms, 1) if up else None,
+        "first_wave_429s": sum(1 for i in rejected if i < wave),
+        "late_429s": sum(1 for i in rejected if i >= wave),
+        "max_late_429s_per_round": max((r["late_429s"] for r in rounds), default=0),
+        "rounds": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
+    }
+
+
 def measure(storm: Storm, config: str, config_name: str, results: list, entries: list, t0_unix_ms: float,
-            phase_starts_ms: list, provider_max_in_flight: int, gateway_info: dict) -> dict:
+            phase_starts_ms: list, provider_max_in_flight: int, gateway_info: dict,
+            backup_entries: Optional[list] = None, backup_foreign_keys: int = 0,
+            backup_max_in_flight: int = 0) -> dict:
+    """backup_entries: the second provider's log for the run (failover storms); then the
+    combined and per-provider figures of the module doc are added."""
     up = upstream(entries, t0_unix_ms)
     wave = first_wave(up, storm.clients)
     rounds = cooldown_rounds(up, wave)
@@ -128,6 +165,34 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         "client_ends": [[round(r.end_ms, 1), r.ok] for r in results],
         "gateway": gateway_info,
     }
+    if backup_entries is not None:
+        bup = upstream(backup_entries, t0_unix_ms)
+        primary, backup = provider_figures(up, storm.clients), provider_figures(bup, storm.clients)
+        for name, figures in (("primary", primary), ("backup", backup)):
+            out.update({f"{name}_{k}": v for k, v in figures.items()})
+        out.update({
+            "upstream_requests": len(up) + len(bup),
+            "per_call": round((len(up) + len(bup)) / storm.calls, 2),
+            "provider_429s": primary["429s"] + backup["429s"],
+            "first_wave": primary["first_wave"] + backup["first_wave"],
+            "first_wave_429s": primary["first_wave_429s"] + backup["first_wave_429s"],
+            "late_429s": primary["late_429s"] + backup["late_429s"],
+            "max_late_429s_per_round": max(primary["max_late_429s_per_round"], backup["max_late_429s_per_round"]),
+            "backup_foreign_keys": backup_foreign_keys,
+            "backup_max_in_flight": backup_max_in_flight,
+            "backup_upstream": [[round(u.t_ms, 1), u.status] for u in bup],
+            # Both providers' requests in time order, for the timeline plot.
+            "upstream": sorted(out["upstream"] + [[round(u.t_ms, 1), u.status] for u in bup]),
+            "steered_answers": sum(1 for a in attempts if a.pool),
+            # What each provider logged, to read a run back: [t_ms, status, decision, hint_ms,
+            # window_count, in_flight_key] per request (t_ms from t = 0).
+            "primary_log": _log(entries, t0_unix_ms),
+            "backup_log": _log(backup_entries, t0_unix_ms),
+            # What each call received: [t_ms, status, source, pool, held_ms, retry_after_ms] per answer.
+            "call_attempts": [[[round(a.t_ms, 1), a.status, a.source, a.pool, a.held_ms,
+                                None if a.retry_after_ms is None else round(a.retry_after_ms)] for a in r.attempts]
+                              for r in results],
+        })
     if storm.schedule_min_ms:
         out["schedule_min_ms"] = storm.schedule_min_ms
         out["p99_over_schedule_min"] = None if p99 is None else round(p99 / storm.schedule_min_ms, 3)
@@ -141,6 +206,11 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         out["peak_100ms_in_throttled_window"] = _peak([up[i].t_ms for i in throttled])
         out["late_requests_in_throttled_window"] = sum(1 for i in throttled if i >= wave)
     return out
+
+
+def _log(entries: list, t0_unix_ms: float) -> list:
+    return [[round(q["unix_ms"] - t0_unix_ms, 1), q["status"], q.get("decision"), q.get("hint_ms"),
+             q.get("window_count"), q.get("in_flight_key")] for q in entries]
 
 
 def _peak(times: list) -> int:

@@ -25,6 +25,7 @@ class Attempt:
     source: str  # x-llm-governor-source, "" when absent
     retry_after_ms: Optional[float]  # the hint as the SDKs read it
     held_ms: Optional[float]  # x-llm-governor-held-ms: the gateway held the request this long
+    pool: str = ""  # x-llm-governor-pool: the request was steered to this fallback pool
 
 
 @dataclass
@@ -79,7 +80,8 @@ def attempt_from(t_ms: float, status: int, headers) -> Attempt:
     hint = retry_after_s(headers)
     held = headers.get("x-llm-governor-held-ms")
     return Attempt(t_ms, status, headers.get("x-llm-governor-source", ""),
-                   None if hint is None else hint * 1000, None if held is None else float(held))
+                   None if hint is None else hint * 1000, None if held is None else float(held),
+                   headers.get("x-llm-governor-pool", ""))
 
 
 def strategy_c_delay_ms(attempt: int, draw: int) -> float:

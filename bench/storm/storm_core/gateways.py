@@ -1,11 +1,14 @@
-"""What stands between the clients and the provider: configurations (a) to (g).
+"""What stands between the clients and the provider: configurations (a) to (g), and for the
+failover storms (issue 9) (e-fo) and (d-fo), which also reach a second provider.
 
 Envoy, its bootstrap and the wasm filter entry are the e2e harness's (integration/e2e/harness.py);
-only the route retry policy of (b) and (c) is added here.
+only the route retry policy of (b) and (c) and the fallback cluster and route of (e-fo) are
+added here.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -16,7 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from harness import Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, free_port
+from harness import (Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, free_port,
+                     wasm_filter)
 
 from . import REPO_ROOT
 from .scenarios import MODEL
@@ -33,9 +37,19 @@ GOVERNOR_CONFIGS = {
     "g": {"pools": POOLS, "hold": {"max_ms": 0}},
     "e-cap": {"pools": POOLS, "limits": [CAP]},
 }
+# (e-fo): the same pool with a fallback pool (README "Failover"), reached only by steering; its
+# account is the label of the credential Envoy injects on the fallback route.
+FAILOVER_POOLS = [
+    {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai", "fallback": ["openai-backup"]},
+    {"name": "openai-backup", "dialect": "openai", "account": "backup",
+     "match": {"header": {"name": "x-llm-governor-pool", "value": "openai-backup"}}},
+]
+FAILOVER_CONFIGS = {"e-fo": {"pools": FAILOVER_POOLS}}
+# The credential Envoy injects on the fallback route: the key the second provider sees.
+BACKUP_KEY = "sk-storm-backup-injected"
 # The filter's gauges (README "Stats"): not summed over a storm.
 GAUGES = ("remaining_", "limit_", "reset_", "held_requests", "in_flight")
-LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8}
+LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None}
 
 CONFIG_NAMES = {
     "a": "no gateway",
@@ -43,8 +57,10 @@ CONFIG_NAMES = {
     "c": "Envoy rate_limited_retry_back_off",
     "d": "LiteLLM num_retries=3",
     "d-cap": "LiteLLM num_retries=3, max_parallel_requests=8",
+    "d-fo": "LiteLLM num_retries=3, two deployments of one model",
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
+    "e-fo": "Envoy + llm-governor, fallback pool",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
 }
@@ -71,6 +87,10 @@ class Gateway:
     def upstream_key(self, client_key: str) -> str:
         """The key the provider sees for a client key."""
         return client_key
+
+    def backup_key(self) -> Optional[str]:
+        """The key the second provider sees (None: this configuration never sends it anything)."""
+        return None
 
     def start(self) -> "Gateway":
         return self
@@ -109,12 +129,43 @@ def retry_bootstrap(upstream_port: int, rate_limited_back_off: bool) -> dict:
     return boot
 
 
-class EnvoyGateway(Gateway):
-    """(b), (c): Envoy with a retry policy; (e), (e-cap), (f), (g): Envoy with llm-governor."""
+def failover_bootstrap(primary_port: int, backup_port: int, plugin_config: dict,
+                       backup_key: str = BACKUP_KEY) -> dict:
+    """(e-fo): the harness's bootstrap with llm-governor plus a `backup` cluster, routed on
+    `x-llm-governor-pool: openai-backup` with the backup's credential injected and the client's
+    replaced, as envoy/failover.yaml does (after integration/e2e/test_failover.py's, OpenAI only)."""
+    boot = envoy_bootstrap(primary_port, [wasm_filter(plugin_config)])
+    clusters = boot["static_resources"]["clusters"]
+    backup = copy.deepcopy(clusters[0])
+    backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
+    backup["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"][
+        "port_value"] = backup_port
+    clusters.append(backup)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["route_config"]["virtual_hosts"][0]["routes"].insert(0, {
+        "match": {"prefix": "/", "headers": [{"name": "x-llm-governor-pool", "string_match": {"exact": "openai-backup"}}]},
+        "route": {"cluster": "backup", "timeout": "300s"},
+        # As envoy/failover.yaml: the injected authorization overwrites the client's.
+        "request_headers_to_remove": ["x-api-key", "api-key", "x-llm-governor-pool"],
+        "request_headers_to_add": [{"header": {"key": "authorization", "value": f"Bearer {backup_key}"},
+                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    })
+    return boot
 
-    def __init__(self, key: str, sim: Simulator, concurrency: int = 2):
+
+class EnvoyGateway(Gateway):
+    """(b), (c): Envoy with a retry policy; (e), (e-cap), (f), (g): Envoy with llm-governor;
+    (e-fo): llm-governor with a fallback pool on a second cluster (needs `backup`)."""
+
+    def __init__(self, key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None):
         self.key = key
-        if key in GOVERNOR_CONFIGS:
+        self.has_backup = key in FAILOVER_CONFIGS
+        if self.has_backup:
+            if backup is None:
+                raise ValueError(f"({key}) needs a second simulator")
+            boot = failover_bootstrap(sim.port, backup.port, FAILOVER_CONFIGS[key])
+            self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
+        elif key in GOVERNOR_CONFIGS:
             self.envoy = Envoy(GOVERNOR_CONFIGS[key], upstream_port=sim.port, concurrency=concurrency)
         else:
             boot = retry_bootstrap(sim.port, rate_limited_back_off=(key == "c"))
@@ -136,27 +187,47 @@ class EnvoyGateway(Gateway):
     def base_url(self) -> str:
         return self.envoy.url + "/v1"
 
+    def backup_key(self) -> Optional[str]:
+        return BACKUP_KEY if self.has_backup else None
+
     def info(self) -> dict:
-        """Counters so far (run.py reports what one storm added)."""
+        """Counters so far (run.py reports what one storm added); the fallback pool's and
+        cluster's prefixed `backup.`."""
         stats = self.envoy.stats()
-        prefix = "wasmcustom.llm_governor.pool.openai."
-        out = {k[len(prefix):]: v for k, v in stats.items()
-               if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES)}
+        out: dict = {}
+        for pool, label in (("openai", ""), ("openai-backup", "backup.")):
+            prefix = f"wasmcustom.llm_governor.pool.{pool}."
+            out.update({label + k[len(prefix):]: v for k, v in stats.items()
+                        if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES)})
         out["upstream_rq_retry"] = stats.get("cluster.provider.upstream_rq_retry", 0)
         out["upstream_rq_total"] = stats.get("cluster.provider.upstream_rq_total", 0)
+        if self.has_backup:
+            out["backup.upstream_rq_total"] = stats.get("cluster.backup.upstream_rq_total", 0)
         return out
 
 
 class LiteLLMGateway(Gateway):
     """LiteLLM's proxy (bench/.venv-litellm), one deployment, num_retries: 3; (d-cap) adds the
     deployment's `litellm_params.max_parallel_requests` (LiteLLM 1.108.7 answers a call that
-    finds every slot taken with its own 429, router_utils/client_initalization_utils.py)."""
+    finds every slot taken with its own 429, router_utils/client_initalization_utils.py).
+
+    (d-fo): two deployments under one `model_name`, the second provider with its own key, and
+    LiteLLM's defaults otherwise: `simple-shuffle` picks a deployment at random for each call;
+    with more than one deployment in the group a 429 cools that deployment at once
+    (router_utils/cooldown_handlers.py `_should_cooldown_deployment`) for the response's
+    retry-after, else `cooldown_time` (default 5 s, DEFAULT_COOLDOWN_TIME_SECONDS); a retry
+    sleeps 0 while the group has a deployment not cooling (router.py `_time_to_sleep_before_retry`),
+    and a call that finds every deployment cooling fails with LiteLLM's own 429."""
 
     UPSTREAM_KEY = "sk-storm-litellm"
+    BACKUP_KEY = "sk-storm-litellm-backup"
 
-    def __init__(self, key: str, sim: Simulator, ready_timeout_s: float = 90.0):
+    def __init__(self, key: str, sim: Simulator, ready_timeout_s: float = 90.0, backup: Optional[Simulator] = None):
         self.key = key
         self.sim = sim
+        self.backup = backup if key == "d-fo" else None
+        if key == "d-fo" and backup is None:
+            raise ValueError(f"({key}) needs a second simulator")
         self.max_parallel = LITELLM_MAX_PARALLEL[key]
         self.ready_timeout_s = ready_timeout_s
         self.proc: Optional[subprocess.Popen] = None
@@ -172,12 +243,19 @@ class LiteLLMGateway(Gateway):
     def upstream_key(self, client_key: str) -> str:
         return self.UPSTREAM_KEY
 
+    def backup_key(self) -> Optional[str]:
+        return self.BACKUP_KEY if self.backup is not None else None
+
     def config(self) -> dict:
         params = {"model": f"openai/{MODEL}", "api_base": self.sim.url + "/v1", "api_key": self.UPSTREAM_KEY}
         if self.max_parallel is not None:
             params["max_parallel_requests"] = self.max_parallel
+        model_list = [{"model_name": MODEL, "litellm_params": params}]
+        if self.backup is not None:
+            model_list.append({"model_name": MODEL, "litellm_params": {
+                "model": f"openai/{MODEL}", "api_base": self.backup.url + "/v1", "api_key": self.BACKUP_KEY}})
         return {
-            "model_list": [{"model_name": MODEL, "litellm_params": params}],
+            "model_list": model_list,
             "litellm_settings": {"num_retries": 3, "request_timeout": 30, "telemetry": False},
             "router_settings": {"num_retries": 3},
             "general_settings": {"master_key": self.master_key},
@@ -239,11 +317,12 @@ def litellm_version() -> str:
     return out.stdout.strip()
 
 
-def make_gateway(key: str, sim: Simulator, concurrency: int = 2) -> Gateway:
+def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None) -> Gateway:
+    """backup: the second provider, needed by (e-fo) and (d-fo) and ignored by the others."""
     if key not in CONFIG_NAMES:
         raise ValueError(f"unknown configuration {key!r}: one of {', '.join(CONFIG_NAMES)}")
     if key == "a":
         return Direct(sim)
     if key in LITELLM_MAX_PARALLEL:
-        return LiteLLMGateway(key, sim)
-    return EnvoyGateway(key, sim, concurrency)
+        return LiteLLMGateway(key, sim, backup=backup)
+    return EnvoyGateway(key, sim, concurrency, backup=backup)

@@ -1,5 +1,6 @@
 """Storm scenarios: what the provider does (simulator scenarios, posted in phases), how many
-clients call, how often, and through which gateway configurations."""
+clients call, how often, and through which gateway configurations. A failover storm (issue 9)
+also says what a second provider does (`backup_phases`, a second simulator)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ class Phase:
 
     scenario: dict
     at_ms: float = 0.0
+
+
+# In a phase's scenario, this string (anywhere in a list or as a value) stands for the key the
+# provider sees for the run's clients (fresh per run for the filter, the configured one behind
+# LiteLLM): `{"mode": "quota", "keys": [UPSTREAM_KEY]}` caps that key and no other.
+UPSTREAM_KEY = "$UPSTREAM_KEY"
+
+
+def resolve(scenario, upstream_key: str):
+    """The scenario with every UPSTREAM_KEY replaced by the run's upstream key."""
+    if isinstance(scenario, dict):
+        return {k: resolve(v, upstream_key) for k, v in scenario.items()}
+    if isinstance(scenario, list):
+        return [resolve(v, upstream_key) for v in scenario]
+    return upstream_key if scenario == UPSTREAM_KEY else scenario
 
 
 @dataclass
@@ -44,6 +60,13 @@ class Storm:
     configs: tuple = ALL_CONFIGS
     seed: int = 107
     run_timeout_s: float = 45.0
+    # A second provider (issue 9): its phases, posted like `phases` to a second simulator. None:
+    # one provider. A configuration without a fallback never sends it anything.
+    backup_phases: Optional[list] = None
+    # Start every gateway fresh for this storm alone: a fallback's account is a fixed label
+    # (the filter's `account`, LiteLLM's deployment key), so its cooldown or pace from the
+    # storm before would carry over into this one.
+    fresh_gateway: bool = False
 
     @property
     def calls(self) -> int:
@@ -97,6 +120,52 @@ OVERNIGHT = Storm(
 )
 
 
+# Failover (issue 9): configurations (e) llm-governor with one provider (no fallback), (e-fo)
+# llm-governor with a fallback pool routed to the second provider, (d-fo) LiteLLM with the two
+# providers as two deployments of one model name (gateways.py).
+FAILOVER_CONFIGS = ("e", "e-fo", "d-fo")
+
+# The issue-3 storm, now with a second provider behind the same model, limited the same way
+# (5 requests / 3 s sliding window, rejected ones counted, each provider on its own key).
+# Together they admit 10 per window: 20 calls can all complete in the second window, 3 s after
+# t = 0 (one provider alone: the fourth, 9 s).
+ISSUE3_FAILOVER = Storm(
+    name="issue3-failover",
+    title="issue 3 with a second provider: 20 SDK clients, each provider 5 req / 3 s (rejected count)",
+    clients=20,
+    phases=[Phase({"limit": ISSUE3_LIMIT})],
+    backup_phases=[Phase({"limit": ISSUE3_LIMIT})],
+    configs=FAILOVER_CONFIGS,
+    fresh_gateway=True,
+)
+
+# A spend cap on the primary: every request of the run's key gets OpenAI's 429
+# `insufficient_quota` (no retry hint); the second provider serves everything. Two variants:
+# 20 calls one after the other by one SDK client (after the first call, the gateway knows the
+# cap: the capped primary should see exactly one request), and 20 SDK clients at once (the
+# first wave meets the cap cold, 20 requests, before any answer is back).
+SPENDCAP_QUOTA = {"mode": "quota", "keys": [UPSTREAM_KEY]}
+SPENDCAP_FAILOVER = Storm(
+    name="spendcap-failover",
+    title="spend cap on the primary (insufficient_quota), backup fine: 1 SDK client x 20 sequential calls",
+    clients=1,
+    calls_per_client=20,
+    phases=[Phase(SPENDCAP_QUOTA)],
+    backup_phases=[Phase({"mode": "ok"})],
+    configs=FAILOVER_CONFIGS,
+    fresh_gateway=True,
+)
+SPENDCAP_FAILOVER_STORM = Storm(
+    name="spendcap-failover-storm",
+    title="spend cap on the primary (insufficient_quota), backup fine: 20 SDK clients at once",
+    clients=20,
+    phases=[Phase(SPENDCAP_QUOTA)],
+    backup_phases=[Phase({"mode": "ok"})],
+    configs=FAILOVER_CONFIGS,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -118,5 +187,7 @@ SCENARIOS = {
     "issue3": lambda: [ISSUE3, ISSUE3_MS],
     "issue5": lambda: [ISSUE5],
     "overnight": lambda: [OVERNIGHT],
+    "issue3-failover": lambda: [ISSUE3_FAILOVER],
+    "spendcap-failover": lambda: [SPENDCAP_FAILOVER, SPENDCAP_FAILOVER_STORM],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
