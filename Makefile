@@ -7,7 +7,7 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim envoy venv test run lint validate bench storm soak
+.PHONY: help build sim envoy venv test run lint validate bench storm soak fuzz
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
@@ -17,6 +17,7 @@ help:
 	@echo "make validate  envoy --mode validate on every config in envoy/"
 	@echo "make sim       build the provider simulator ($(SIM_BIN))"
 	@echo "make envoy     obtain Envoy if needed and print its path"
+	@echo "make fuzz      every fuzz target for FUZZ_SECONDS (default 60) each, one at a time, nice'd (nightly + cargo-fuzz on demand)"
 	@echo "make soak      10 minutes of mixed traffic, then nothing stuck, counters add up, memory flat (SOAK_SECONDS=...)"
 
 build:
@@ -55,3 +56,7 @@ bench:
 
 soak: build sim envoy venv
 	@ENVOY_BIN="$$(scripts/ensure-envoy.sh)" .venv/bin/python bench/soak.py
+
+FUZZ_SECONDS ?= 60
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
