@@ -42,7 +42,7 @@ MINIMAL_CONFIG = REPO_ROOT / "envoy" / "minimal.yaml"
 ALERTS = REPO_ROOT / "envoy" / "prometheus" / "alerts.yaml"
 DOCS = REPO_ROOT / "docs" / "observability.md"
 
-GOVERNOR_FIELDS = ("llm_governor_class", "llm_governor_source", "llm_governor_delay_ms")
+GOVERNOR_FIELDS = ("llm_governor_class", "llm_governor_source", "llm_governor_delay_ms", "llm_governor_held_ms", "llm_governor_pool")
 
 
 def shipped_governor_fields() -> dict:
@@ -461,11 +461,17 @@ def test_access_log_records_class_source_and_delay(sim, governor):
         "llm_governor_class": "rate_limited",
         "llm_governor_source": "upstream",
         "llm_governor_delay_ms": r_up.headers["retry-after-ms"],
+        # Neither held nor steered.
+        "llm_governor_held_ms": None,
+        "llm_governor_pool": None,
     }, entries[ids["upstream"]]
     assert governor_fields(entries[ids["cooldown"]]) == {
         "llm_governor_class": "rate_limited",
         "llm_governor_source": "cooldown",
         "llm_governor_delay_ms": r_cool.headers["retry-after-ms"],
+        # Neither held nor steered.
+        "llm_governor_held_ms": None,
+        "llm_governor_pool": None,
     }, entries[ids["cooldown"]]
     # A response the governor left alone has no governor fields (JSON null; "-" in text logs).
     assert all(v in (None, "", "-") for v in governor_fields(entries[ids["plain"]]).values()), entries[ids["plain"]]
@@ -520,6 +526,9 @@ def check_shipped_config(sim, envoy: Envoy) -> None:
         "llm_governor_class": "rate_limited",
         "llm_governor_source": "upstream",
         "llm_governor_delay_ms": r.headers["retry-after-ms"],
+        # Neither held nor steered.
+        "llm_governor_held_ms": None,
+        "llm_governor_pool": None,
     }, entry
     # The shipped stats_tags give the contract's Prometheus names.
     assert 'llm_governor_pool_upstream_rate_limited{llm_pool="anthropic"} 1' in envoy.prometheus().splitlines()
