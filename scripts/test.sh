@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: native (cargo test --workspace) then end-to-end (pytest against a real Envoy and
-# the simulator). Runs both even if the first fails, then prints one summary.
+# Every test: native (cargo test --workspace), end-to-end (pytest against a real Envoy and
+# the simulator), then a short fuzz smoke run. Runs all three even if one fails, then prints one summary.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k quota).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -20,6 +20,10 @@ unit_status=${PIPESTATUS[0]}
 printf '\n== end-to-end tests: pytest integration/e2e (Envoy: %s) ==\n' "${ENVOY_BIN}"
 "${VENV_DIR}/bin/python" -m pytest integration/e2e -p no:cacheprovider -rfE "$@" 2>&1 | tee "${logs}/e2e.log"
 e2e_status=${PIPESTATUS[0]}
+
+printf '\n== fuzz smoke: every fuzz target over its seeds, then %s s each (scripts/fuzz.sh --smoke) ==\n' "${FUZZ_SMOKE_SECONDS:-5}"
+FUZZ_SMOKE_SECONDS="${FUZZ_SMOKE_SECONDS:-5}" scripts/fuzz.sh --smoke 2>&1 | tee "${logs}/fuzz.log"
+fuzz_status=${PIPESTATUS[0]}
 
 # cargo prints one "test result: ok. N passed; M failed; ..." line per test binary.
 sum_cargo() {
@@ -41,7 +45,8 @@ verdict() { [[ "$1" -eq 0 ]] && echo ok || echo "FAILED (exit $1)"; }
 printf '\n== summary ==\n'
 printf 'native (cargo test): %s passed, %s failed — %s\n' "${unit_passed}" "${unit_failed}" "$(verdict "${unit_status}")"
 printf 'end-to-end (pytest): %s passed, %s failed, %s skipped — %s\n' "${e2e_passed}" "${e2e_failed}" "${e2e_skipped}" "$(verdict "${e2e_status}")"
+printf 'fuzz smoke: %s\n' "$(verdict "${fuzz_status}")"
 printf 'total: %s passed, %s failed\n' "$(( unit_passed + e2e_passed ))" "$(( unit_failed + e2e_failed ))"
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-[[ "${unit_status}" -eq 0 && "${e2e_status}" -eq 0 ]]
+[[ "${unit_status}" -eq 0 && "${e2e_status}" -eq 0 && "${fuzz_status}" -eq 0 ]]
