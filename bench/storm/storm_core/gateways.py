@@ -8,7 +8,6 @@ added here.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -19,8 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from harness import (Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, free_port,
-                     wasm_filter)
+from harness import (Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, failover_bootstrap,
+                     free_port)
 
 from . import REPO_ROOT
 from .scenarios import MODEL
@@ -129,30 +128,6 @@ def retry_bootstrap(upstream_port: int, rate_limited_back_off: bool) -> dict:
     return boot
 
 
-def failover_bootstrap(primary_port: int, backup_port: int, plugin_config: dict,
-                       backup_key: str = BACKUP_KEY) -> dict:
-    """(e-fo): the harness's bootstrap with llm-governor plus a `backup` cluster, routed on
-    `x-llm-governor-pool: openai-backup` with the backup's credential injected and the client's
-    replaced, as envoy/failover.yaml does (after integration/e2e/test_failover.py's, OpenAI only)."""
-    boot = envoy_bootstrap(primary_port, [wasm_filter(plugin_config)])
-    clusters = boot["static_resources"]["clusters"]
-    backup = copy.deepcopy(clusters[0])
-    backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
-    backup["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"][
-        "port_value"] = backup_port
-    clusters.append(backup)
-    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["route_config"]["virtual_hosts"][0]["routes"].insert(0, {
-        "match": {"prefix": "/", "headers": [{"name": "x-llm-governor-pool", "string_match": {"exact": "openai-backup"}}]},
-        "route": {"cluster": "backup", "timeout": "300s"},
-        # As envoy/failover.yaml: the injected authorization overwrites the client's.
-        "request_headers_to_remove": ["x-api-key", "api-key", "x-llm-governor-pool"],
-        "request_headers_to_add": [{"header": {"key": "authorization", "value": f"Bearer {backup_key}"},
-                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-    })
-    return boot
-
-
 class EnvoyGateway(Gateway):
     """(b), (c): Envoy with a retry policy; (e), (e-cap), (f), (g): Envoy with llm-governor;
     (e-fo): llm-governor with a fallback pool on a second cluster (needs `backup`)."""
@@ -163,7 +138,8 @@ class EnvoyGateway(Gateway):
         if self.has_backup:
             if backup is None:
                 raise ValueError(f"({key}) needs a second simulator")
-            boot = failover_bootstrap(sim.port, backup.port, FAILOVER_CONFIGS[key])
+            # The harness's, as envoy/failover.yaml routes it (the backup's key injected).
+            boot = failover_bootstrap(sim.port, backup.port, FAILOVER_CONFIGS[key], backup_key=BACKUP_KEY)
             self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
         elif key in GOVERNOR_CONFIGS:
             self.envoy = Envoy(GOVERNOR_CONFIGS[key], upstream_port=sim.port, concurrency=concurrency)
