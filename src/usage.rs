@@ -51,10 +51,14 @@ impl UsageScanner {
             (&CACHE_WRITE_KEYS[..], 3),
         ] {
             for key in keys {
+                // Every match, overlapping ones too (`"k"k":1` holds `"k":1` from the first
+                // key's closing quote): a rescan of the tail alone must not find more than
+                // the scan of the whole did (found by fuzzing).
                 let mut at = 0;
                 while let Some(i) = crate::classify::find(&buf[at..], key) {
-                    at += i + key.len();
-                    if let Some(n) = number_after(&buf[at..]) {
+                    let start = at + i;
+                    at = start + 1;
+                    if let Some(n) = number_after(&buf[start + key.len()..]) {
                         match slot {
                             0 => self.input = Some(n),
                             1 => self.output = Some(n),

@@ -89,3 +89,23 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
     host.advance(5_010);
     host.forward("/v1/chat/completions", &t);
 }
+
+#[test]
+fn overlapping_keys_read_the_same_whole_or_in_chunks() {
+    // Found by fuzz/fuzz_targets/usage_chunks.rs: the closing quote of one key starts another.
+    let body = b"16:20:10 : 0\n,,\"totalTokenCount\"totalTokenCount\":13555555555555555%5555555utput_detens\":1024}}}";
+    let whole = {
+        let mut s = llm_governor::usage::UsageScanner::new();
+        s.feed(body);
+        s.total()
+    };
+    let cut = {
+        let mut s = llm_governor::usage::UsageScanner::new();
+        s.feed(&body[..45]);
+        s.feed(&body[45..]);
+        s.feed(b"");
+        s.total()
+    };
+    assert_eq!(whole, Some(13_555_555_555_555_555));
+    assert_eq!(cut, whole);
+}
