@@ -212,13 +212,18 @@ impl Holds {
     }
 }
 
-fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
+/// The bookkeeping of a request leaving the hold, either way: its held time, on its home pool.
+fn leave(h: &mut Held, now: u64, counter: Counter, env: &mut Env) {
     let held_ms = now - h.since_ms;
     h.flow.held_ms = Some(held_ms);
     let pool = h.flow.home_pool;
-    env.metrics.count(pool, Counter::HoldReleased);
+    env.metrics.count(pool, counter);
     env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
     env.metrics.add(pool, Gauge::HeldRequests, -1);
+}
+
+fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
+    leave(&mut h, now, Counter::HoldReleased, env);
     Release::Go {
         id: h.id,
         flow: h.flow,
@@ -227,12 +232,7 @@ fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
 
 /// Answer a held request locally, from why it waits, aged to now.
 fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> Release {
-    let held_ms = now - h.since_ms;
-    h.flow.held_ms = Some(held_ms);
-    let pool = h.flow.home_pool;
-    env.metrics.count(pool, Counter::HoldExpired);
-    env.metrics.histogram(pool, Histogram::HoldMs, held_ms);
-    env.metrics.add(pool, Gauge::HeldRequests, -1);
+    leave(&mut h, now, Counter::HoldExpired, env);
     let reply = gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env);
     Release::Reply {
         id: h.id,

@@ -4,7 +4,7 @@
 
 use crate::bucket::{Bucket, Shape};
 use crate::config::LimitKind;
-use crate::cooldown::{self, CooldownRecord, Gate};
+use crate::cooldown::{self, Gate};
 use crate::inflight::{self, Slot, Slots};
 use crate::keys;
 use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
@@ -105,13 +105,10 @@ impl Governor {
     /// looked at: they are the tenant's own limit wherever the request goes.
     pub(crate) fn has_room(&self, flow: &Flow, env: &mut Env) -> bool {
         let now = env.now_ms;
-        let key = keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account);
-        if let Ok(Some((bytes, _))) = env.store.get(&key) {
-            if let Some(rec) = CooldownRecord::decode(&bytes) {
-                let (gate, _) = cooldown::pass(rec, now, self.cfg.hold.enabled());
-                if !matches!(gate, Gate::Open | Gate::Released) {
-                    return false;
-                }
+        if let Some(rec) = self.cooldown_record(flow, env) {
+            let (gate, _) = cooldown::pass(rec, now, self.cfg.hold.enabled());
+            if !matches!(gate, Gate::Open | Gate::Released) {
+                return false;
             }
         }
         self.cfg.limits.iter().enumerate().all(|(i, l)| {

@@ -428,7 +428,14 @@ impl Governor {
                     Some(fields),
                 )
             }
-            Blocked::Quota { remaining_ms } => return self.quota_reply(flow, remaining_ms, env),
+            // Told exactly the time left, without jitter: its clients are told not to retry.
+            Blocked::Quota { remaining_ms } => (
+                Class::QuotaExhausted,
+                AnswerSource::Cooldown,
+                retry_after::told(remaining_ms, 0, ra, env.rng),
+                Counter::LocalRejectQuota,
+                None,
+            ),
             Blocked::InFlight { .. } => {
                 // A slot frees when some stream ends, which no header foretells: the
                 // configured base delay, with jitter so the returning clients spread out.
@@ -452,29 +459,11 @@ impl Governor {
         reply
     }
 
-    fn quota_reply(&self, flow: &Flow, remaining_ms: u64, env: &mut Env) -> LocalReply {
-        let delay = retry_after::told(remaining_ms, 0, &self.cfg.retry_after, env.rng);
-        env.metrics.count(flow.pool, Counter::LocalRejectQuota);
-        env.metrics
-            .histogram(flow.pool, Histogram::RetryAfterMs, delay);
-        let mut reply = reply::local_reply(
-            flow.dialect,
-            Class::QuotaExhausted,
-            AnswerSource::Cooldown,
-            delay,
-            None,
-        );
-        if let Some(held) = flow.held_ms {
-            reply.held(held);
-        }
-        reply
-    }
-
     fn cooldown_key(&self, flow: &Flow) -> String {
         keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account)
     }
 
-    fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
+    pub(crate) fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
         let (bytes, _) = env.store.get(&self.cooldown_key(flow)).ok().flatten()?;
         CooldownRecord::decode(&bytes)
     }

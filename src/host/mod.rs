@@ -20,7 +20,7 @@ use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Error bodies are small; past this much, classify from what arrived.
@@ -78,10 +78,8 @@ struct Shared {
     rng: RefCell<HostRandom>,
     waits: RefCell<HashMap<u32, Wait>>,
     holds: RefCell<Holds>,
-    /// Requests held now (in `holds`).
-    held_ids: RefCell<HashSet<u32>>,
-    /// Held requests whose request body has ended.
-    held_body_done: RefCell<HashSet<u32>>,
+    /// Requests held now (in `holds`), and whether their request body has ended.
+    held: RefCell<HashMap<u32, bool>>,
     /// Flows the root context handed back (held requests the tick let go, responses it
     /// classified), for their stream to pick up.
     released: RefCell<HashMap<u32, Flow>>,
@@ -127,6 +125,34 @@ impl Shared {
         self.waits
             .try_borrow()
             .is_ok_and(|m| matches!(m.get(&context_id), Some(Wait::ResponseBody { .. })))
+    }
+
+    fn mark_held(&self, id: u32, body_done: bool) {
+        if let Ok(mut m) = self.held.try_borrow_mut() {
+            m.insert(id, body_done);
+        }
+    }
+
+    fn is_held(&self, id: u32) -> bool {
+        self.held.try_borrow().is_ok_and(|m| m.contains_key(&id))
+    }
+
+    /// A held request's body (or trailers) ended.
+    fn held_body_ended(&self, id: u32) {
+        if let Ok(mut m) = self.held.try_borrow_mut() {
+            if let Some(done) = m.get_mut(&id) {
+                *done = true;
+            }
+        }
+    }
+
+    /// It is no longer held: whether its request body had ended.
+    fn unhold(&self, id: u32) -> bool {
+        self.held
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut m| m.remove(&id))
+            .unwrap_or(false)
     }
 
     /// A worker ticks only while it holds or waits for something.
@@ -234,9 +260,7 @@ impl Shared {
             let id = match &release {
                 Release::Go { id, .. } | Release::Reply { id, .. } => *id,
             };
-            if let Ok(mut s) = self.held_ids.try_borrow_mut() {
-                s.remove(&id);
-            }
+            let body_done = self.unhold(id);
             match release {
                 Release::Go { id, mut flow } => {
                     // The effective context is reset per VM call: set it for every stream.
@@ -263,10 +287,6 @@ impl Shared {
                         continue;
                     }
                     record_for_access_log(&reply.headers);
-                    let body_done = self
-                        .held_body_done
-                        .try_borrow_mut()
-                        .is_ok_and(|mut s| s.remove(&id));
                     if body_done || !self.body_callbacks_expected(now) {
                         send_reply(&reply);
                     } else {
@@ -332,14 +352,16 @@ fn apply(headers: &[(&'static str, String)]) {
     record_for_access_log(headers);
 }
 
-/// Expose class, source, delay and held time to Envoy's access log as filter state
-/// (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, `.source`, `.delay_ms`, `.held_ms`).
+/// Expose class, source, delay, held time and steered pool to Envoy's access log as filter
+/// state (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, `.source`, `.delay_ms`,
+/// `.held_ms`, `.pool`).
 fn record_for_access_log(headers: &[(&'static str, String)]) {
     for (name, key) in [
         ("x-llm-governor-class", "llm_governor.class"),
         ("x-llm-governor-source", "llm_governor.source"),
         ("retry-after-ms", "llm_governor.delay_ms"),
         (HELD_MS_HEADER, "llm_governor.held_ms"),
+        (POOL_HEADER, "llm_governor.pool"),
     ] {
         if let Some((_, v)) = headers.iter().find(|(n, _)| *n == name) {
             if let Err(e) = abi::set_property(&[key], v.as_bytes()) {
@@ -378,8 +400,7 @@ impl RootContext for Root {
             rng: RefCell::new(HostRandom::seeded()),
             waits: RefCell::new(HashMap::new()),
             holds: RefCell::new(Holds::new()),
-            held_ids: RefCell::new(HashSet::new()),
-            held_body_done: RefCell::new(HashSet::new()),
+            held: RefCell::new(HashMap::new()),
             released: RefCell::new(HashMap::new()),
             headers_only_until: Cell::new(0),
             warned_body_unavailable: Cell::new(false),
@@ -442,12 +463,8 @@ impl Filter {
 
     /// Still held (not yet let go or answered)?
     fn still_held(&self) -> bool {
-        self.held
-            && self
-                .shared
-                .held_ids
-                .try_borrow()
-                .is_ok_and(|s| s.contains(&self.context_id))
+        // `held` first: a request that was never held pays no map lookup per body chunk.
+        self.held && self.shared.is_held(self.context_id)
     }
 
     /// Classify the held response from the body buffered so far and let it go.
@@ -489,16 +506,11 @@ impl Filter {
         if let Some(Wait::ResponseBody { flow, .. }) = shared.take_wait(id) {
             self.flow = Some(flow);
         }
-        if let Ok(mut s) = shared.held_body_done.try_borrow_mut() {
-            s.remove(&id);
-        }
         if self.still_held() {
             if let Ok(mut holds) = shared.holds.try_borrow_mut() {
                 shared.with_env(now(), |_, env| holds.forget(id, env));
             }
-            if let Ok(mut s) = shared.held_ids.try_borrow_mut() {
-                s.remove(&id);
-            }
+            shared.unhold(id);
         }
         let usage = self.usage.take().and_then(|s| s.total());
         if let Some(flow) = self.flow().filter(|f| f.owes_at_end() || usage.is_some()) {
@@ -558,14 +570,7 @@ impl HttpContext for Filter {
             }
             Some(Step::Held) => {
                 self.held = true;
-                if let Ok(mut s) = shared.held_ids.try_borrow_mut() {
-                    s.insert(id);
-                }
-                if end_of_stream {
-                    if let Ok(mut s) = shared.held_body_done.try_borrow_mut() {
-                        s.insert(id);
-                    }
-                }
+                shared.mark_held(id, end_of_stream);
                 shared.tick_as_needed();
                 Action::Pause
             }
@@ -592,9 +597,7 @@ impl HttpContext for Filter {
             // Envoy buffers the body until the request is let go; continuing here would
             // release the held headers too.
             if end_of_stream {
-                if let Ok(mut s) = self.shared.held_body_done.try_borrow_mut() {
-                    s.insert(self.context_id);
-                }
+                self.shared.held_body_ended(self.context_id);
             }
             return Action::Pause;
         }
@@ -612,9 +615,7 @@ impl HttpContext for Filter {
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         if self.still_held() {
-            if let Ok(mut s) = self.shared.held_body_done.try_borrow_mut() {
-                s.insert(self.context_id);
-            }
+            self.shared.held_body_ended(self.context_id);
             return Action::Pause;
         }
         if self.shared.is_waiting_for_request_body(self.context_id) {
@@ -629,18 +630,15 @@ impl HttpContext for Filter {
         let Some(flow) = self.flow() else {
             return Action::Continue;
         };
-        if let Some(name) = shared.governor.steered_to(flow) {
-            if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, POOL_HEADER, name) {
-                log::debug!("llm_governor: could not set {POOL_HEADER}: {e}");
-            }
-            let _ = abi::set_property(&["llm_governor.pool"], name.as_bytes());
-        }
-        if let Some(ms) = flow.held_ms {
-            let ms = ms.to_string();
-            if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, HELD_MS_HEADER, &ms) {
-                log::debug!("llm_governor: could not set {HELD_MS_HEADER}: {e}");
-            }
-            let _ = abi::set_property(&["llm_governor.held_ms"], ms.as_bytes());
+        // What the client and the access log learn about a steered or held request.
+        let steered = shared
+            .governor
+            .steered_to(flow)
+            .map(|n| (POOL_HEADER, n.to_string()));
+        let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
+        let told: Vec<(&'static str, String)> = steered.into_iter().chain(held).collect();
+        if !told.is_empty() {
+            apply(&told);
         }
         let pairs = abi::header_map(MapType::HttpResponseHeaders).unwrap_or_default();
         let status = std::str::from_utf8(header(&pairs, ":status"))
