@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{flows, header, Host};
+use common::{flows, go, header, Host};
 use llm_governor::config;
 use llm_governor::hold::Step;
 use llm_governor::keys;
@@ -23,13 +23,6 @@ const A: (&str, &str) = ("authorization", "Bearer sk-a");
 const B: (&str, &str) = ("authorization", "Bearer sk-b");
 const PRIMARY: usize = 0;
 const BACKUP: usize = 1;
-
-fn go(step: Step) -> llm_governor::policy::Flow {
-    match step {
-        Step::Go(f) => f,
-        other => panic!("expected to go, got {other:?}"),
-    }
-}
 
 #[test]
 fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {

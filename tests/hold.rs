@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{answered, flows, gone, header, Host};
+use common::{answered, flows, go, gone, header, Host};
 use llm_governor::config::Hold;
 use llm_governor::deadline;
 use llm_governor::headers::{owned, Headers};
@@ -37,13 +37,6 @@ fn reply_headers(step: Step) -> Vec<(&'static str, String)> {
     match step {
         Step::Reply(_, r) => r.headers,
         other => panic!("expected a local answer, got {other:?}"),
-    }
-}
-
-fn go(step: Step) -> Flow {
-    match step {
-        Step::Go(f) => f,
-        other => panic!("expected to go, got {other:?}"),
     }
 }
 

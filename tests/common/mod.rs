@@ -57,13 +57,8 @@ impl Host {
             authority: b"api.example.com",
             headers: Headers::new(&hs),
         };
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        self.governor.on_request(&view, &mut env)
+        let (governor, _, mut env) = self.parts();
+        governor.on_request(&view, &mut env)
     }
 
     /// Send a request; panics unless it is forwarded.
@@ -75,6 +70,7 @@ impl Host {
     }
 
     /// A complete response: headers, then (if held) the body. Returns what the client sees.
+    /// The flow is the test's copy: its pace and slot bookkeeping stay as they were.
     pub fn respond(
         &mut self,
         flow: &Flow,
@@ -82,33 +78,7 @@ impl Host {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Option<Governed> {
-        let hs = owned(headers);
-        let flow = &mut flow.clone();
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        let step = self.governor.on_response_headers(
-            flow,
-            status,
-            &Headers::new(&hs),
-            body.is_empty(),
-            true,
-            &mut env,
-        );
-        match step {
-            ResponseStep::Pass => None,
-            ResponseStep::Rewrite(g) => Some(g),
-            ResponseStep::NeedBody => self.governor.on_response_body(
-                flow,
-                status,
-                &Headers::new(&hs),
-                body.as_bytes(),
-                &mut env,
-            ),
-        }
+        self.answer(&mut flow.clone(), status, headers, body)
     }
 
     /// A request as the host hands it to the hold state machine, with stream id `id`.
@@ -119,38 +89,22 @@ impl Host {
             authority: b"api.example.com",
             headers: Headers::new(&hs),
         };
-        let flow = self.governor.flow_for(&view);
-        let budget = deadline::hold_budget_ms(&self.governor.cfg.hold, &view.headers);
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        self.holds
-            .request(&self.governor, flow, budget, id, &mut env)
+        let (governor, holds, mut env) = self.parts();
+        let flow = governor.flow_for(&view);
+        let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
+        holds.request(governor, flow, budget, id, &mut env)
     }
 
     /// The worker's tick at the current time.
     pub fn tick(&mut self) -> Vec<Release> {
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        self.holds.tick(&self.governor, &mut env)
+        let (governor, holds, mut env) = self.parts();
+        holds.tick(governor, &mut env)
     }
 
     /// A held client went away.
     pub fn leave(&mut self, id: u32) -> Option<Flow> {
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        self.holds.forget(id, &mut env)
+        let (_, holds, mut env) = self.parts();
+        holds.forget(id, &mut env)
     }
 
     /// A response to a flow the test keeps (its pace and slot bookkeeping move with it).
@@ -162,13 +116,8 @@ impl Host {
         body: &str,
     ) -> Option<Governed> {
         let hs = owned(headers);
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
-        };
-        match self.governor.on_response_headers(
+        let (governor, _, mut env) = self.parts();
+        match governor.on_response_headers(
             flow,
             status,
             &Headers::new(&hs),
@@ -178,7 +127,7 @@ impl Host {
         ) {
             ResponseStep::Pass => None,
             ResponseStep::Rewrite(g) => Some(g),
-            ResponseStep::NeedBody => self.governor.on_response_body(
+            ResponseStep::NeedBody => governor.on_response_body(
                 flow,
                 status,
                 &Headers::new(&hs),
@@ -190,13 +139,27 @@ impl Host {
 
     /// The stream of `flow` ended (however it ended).
     pub fn end(&mut self, flow: &mut Flow) {
-        let mut env = Env {
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            now_ms: self.now_ms,
+        let (governor, _, mut env) = self.parts();
+        governor.on_stream_end(flow, None, &mut env);
+    }
+
+    /// The governor, this worker's holds, and the host environment at the current time.
+    fn parts(&mut self) -> (&Governor, &mut Holds, Env<'_>) {
+        let Host {
+            governor,
+            holds,
+            store,
+            metrics,
+            rng,
+            now_ms,
+        } = self;
+        let env = Env {
+            store,
+            metrics,
+            rng,
+            now_ms: *now_ms,
         };
-        self.governor.on_stream_end(flow, None, &mut env);
+        (governor, holds, env)
     }
 
     pub fn advance(&mut self, ms: u64) {
@@ -242,4 +205,12 @@ pub fn flows(releases: Vec<Release>) -> Vec<(u32, Flow)> {
             Release::Reply { .. } => None,
         })
         .collect()
+}
+
+/// The flow of a request the hold state machine let go at once; panics otherwise.
+pub fn go(step: Step) -> Flow {
+    match step {
+        Step::Go(f) => f,
+        other => panic!("expected to go, got {other:?}"),
+    }
 }
