@@ -6,16 +6,17 @@ Everything runs on 127.0.0.1 on free ports. A second Envoy with `direct_response
 OpenAI-like upstream. Configurations are alternated A B C ... A B C ... in one run, each slot on
 a freshly started Envoy, so drift (thermal, noisy neighbours) lands on every configuration alike.
 
-Standard library only; called by bench/run.sh, which installs the tools and builds the modules.
+Run by bench/run.sh, which installs the tools, builds the modules and uses the test virtualenv
+(Envoy processes come from the e2e harness, which needs `requests`).
 Environment: ENVOY_BIN, WASM_MODULE, EMPTY_MODULE, LOADGEN, LITELLM (path to the litellm CLI or
 empty), BENCH_QUICK=1 (short runs for development), BENCH_OUT (output folder).
 """
 
 import json
+import shutil
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,7 +34,8 @@ OUT = os.environ.get("BENCH_OUT", "bench/out")
 HERE = os.path.dirname(os.path.abspath(__file__))
 NCPU = os.cpu_count() or 1
 
-ROUNDS = 1 if QUICK else 2
+ROUNDS = 1 if QUICK else 5
+LAT_ROUNDS = 1 if QUICK else 2  # open-loop latency rounds
 SAT_S = 3 if QUICK else 5  # wrk measured seconds per saturation slot
 OL_S = 3 if QUICK else 4  # open-loop measured seconds per rate
 WARM_S = 1
@@ -44,36 +46,21 @@ API_KEY = "sk-bench-5f0c9e1b7a3d48e2b6c4f1a09d8e7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a29
 ACCOUNT_KEY = f"Bearer {API_KEY}"
 PATH = "/v1/chat/completions"
 
-# ---------------------------------------------------------------- processes and ports
+# ---------------------------------------------------------------- processes
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports, Envoy processes, their stop and the wasm filter entry are the e2e harness's.
+sys.path.insert(0, os.path.join(HERE, "..", "integration", "e2e"))
+from harness import Envoy as HarnessEnvoy, free_port, wait_http_ok, wasm_filter  # noqa: E402
 
 
 def cpus(spec):
-    """taskset prefix; None when the machine has too few cores to pin apart."""
+    """taskset prefix; empty when the machine has too few cores to pin apart."""
     return ["taskset", "-c", spec] if spec else []
 
 
 def http_get(url, timeout=2.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
-
-
-def wait_ready(url, proc, what, timeout=60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            http_get(url, 1.0)
-            return
-        except Exception:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} not ready after {timeout}s ({url})")
 
 
 def proc_cpu_seconds(pid):
@@ -122,42 +109,18 @@ def rss_mib(pid):
     return total / 1024
 
 
-def stop(proc):
-    if proc and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def start_envoy(config, concurrency, pin):
+    """A harness Envoy on `config` (listener and admin on port 0, read back), pinned to `pin`."""
+    config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}}
+    return HarnessEnvoy(None, 0, concurrency=concurrency, envoy_bin=ENVOY, log_level="warning",
+                        bootstrap=config, cpus=pin).start(timeout_s=60)
 
 
-class Envoy:
-    def __init__(self, config, concurrency, pin, tag):
-        self.admin = free_port()
-        config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": self.admin}}}
-        fd, self.path = tempfile.mkstemp(prefix=f"bench-{tag}-", suffix=".json", dir=WORKDIR)
-        with os.fdopen(fd, "w") as f:
-            json.dump(config, f)
-        self.log = open(os.path.join(WORKDIR, f"envoy-{tag}.log"), "w")
-        cmd = cpus(pin) + [ENVOY, "-c", self.path, "--concurrency", str(concurrency),
-                           "--disable-hot-restart", "-l", "warning", "--log-format", "[%Y-%m-%d %T.%e][%l] %v"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_ready(f"http://127.0.0.1:{self.admin}/ready", self.proc, f"envoy ({tag})")
-        self.pid = self.proc.pid  # taskset execs Envoy, so this is Envoy's pid
-
-    def stat(self, name):
-        text = http_get(f"http://127.0.0.1:{self.admin}/stats?filter=^{re.escape(name)}$")
-        m = re.search(r":\s*(\d+)", text)
-        return int(m.group(1)) if m else 0
-
-    def close(self):
-        stop(self.proc)
-        self.log.close()
-        text = open(self.log.name).read()
-        if "[critical]" in text or "[error]" in text:
-            bad = [l for l in text.splitlines() if "[critical]" in l or "[error]" in l]
-            print(f"  note: Envoy log {self.log.name} has errors:\n    " + "\n    ".join(bad[:5]))
+def close_envoy(envoy):
+    try:
+        envoy.stop()
+    finally:
+        envoy.cleanup()
 
 
 # ---------------------------------------------------------------- Envoy configurations
@@ -186,12 +149,12 @@ def hcm(stat_prefix, route_config, http_filters):
             "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}
 
 
-def listener(port, hcm_filter):
-    return {"name": f"l{port}", "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+def listener(hcm_filter):
+    return {"name": "bench", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
             "filter_chains": [{"filters": [hcm_filter]}]}
 
 
-def upstream_config(port):
+def upstream_config():
     """OpenAI-like direct_response: 200 with rate-limit headers, or one 429 on request."""
     ok_headers = [("content-type", "application/json"), ("openai-processing-ms", "120"),
                   ("x-ratelimit-limit-requests", "10000"), ("x-ratelimit-remaining-requests", "9999"),
@@ -210,26 +173,22 @@ def upstream_config(port):
     # buffering the (small) request first keeps upstream connections alive, as a provider does.
     buffer = {"name": "envoy.filters.http.buffer", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer", "max_request_bytes": 65536}}
-    return {"static_resources": {"listeners": [listener(port, hcm("upstream", rc, [buffer]))]}}
-
-
-def wasm_filter(vm_id, module, configuration):
-    return {"name": "envoy.filters.http.wasm", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-        "config": {"name": vm_id, "root_id": vm_id, "failure_policy": "FAIL_OPEN",
-                   "allow_on_headers_stop_iteration": True,
-                   "vm_config": {"vm_id": vm_id, "runtime": "envoy.wasm.runtime.v8",
-                                 "code": {"local": {"filename": module}}},
-                   "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
-                                     "value": configuration}}}}
+    return {"static_resources": {"listeners": [listener(hcm("upstream", rc, [buffer]))]}}
 
 
 NEVER = 1_000_000_000  # requests per minute: the config maximum, never reached here
-TWO_LIMITS = json.dumps({"limits": [
-    {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": NEVER},
-    {"name": "account-rpm", "key": "account", "requests_per_minute": NEVER}]})
-ONE_TENANT_LIMIT = json.dumps({"limits": [
+ONE_LIMIT = json.dumps({"limits": [
     {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": NEVER}]})
+ONE_TENANT_LIMIT = ONE_LIMIT
+# Issue 11's third target: hold, a max_in_flight cap and a fallback pool configured, nothing
+# cooling (the cap is far above wrk's 64 connections, so nothing waits).
+FULL = json.dumps({
+    "pools": [
+        {"name": "openai", "match": {"path_prefix": "/v1/"}, "dialect": "openai", "fallback": ["openai-backup"]},
+        {"name": "openai-backup", "dialect": "openai", "account": "backup",
+         "match": {"header": {"name": "x-llm-governor-pool", "value": "openai-backup"}}}],
+    "limits": [{"name": "cap", "key": "account", "max_in_flight": 10000}],
+    "hold": {"max_ms": 10000, "max_held": 1000}})
 
 LOCAL_RATELIMIT = {"name": "envoy.filters.http.local_ratelimit", "typed_config": {
     "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
@@ -244,20 +203,24 @@ CONFIGS = [
     ("b", "native local_ratelimit", [LOCAL_RATELIMIT]),
     ("c", "empty proxy-wasm module", "empty"),
     ("d", "llm-governor {}", "{}"),
-    ("e", "llm-governor, 2 limits", TWO_LIMITS),
+    ("e", "llm-governor, one request limit", ONE_LIMIT),
+    ("g", "llm-governor, hold + max_in_flight + fallback", FULL),
     ("f", "llm-governor, cooldown (local 429s)", "{}"),
 ]
+EMPTY_KEY = "c"
+# Issue 11's targets, CPU µs per request over the empty module (median over the rounds).
+TARGETS = {"d": 5.0, "e": 12.0, "g": 15.0}
 
 
 def filters_for(spec):
     if spec == "empty":
-        return [wasm_filter("empty_filter", EMPTY, "{}")]
+        return [wasm_filter("{}", EMPTY, name="empty_filter")]
     if isinstance(spec, str):
-        return [wasm_filter("llm_governor", WASM, spec)]
+        return [wasm_filter(spec, WASM)]
     return spec
 
 
-def proxy_config(port, upstream_port, filters):
+def proxy_config(upstream_port, filters):
     rc = {"name": "providers", "virtual_hosts": [{"name": "providers", "domains": ["*"], "routes": [
         {"match": {"prefix": "/"}, "route": {"cluster": "provider", "timeout": "300s"}}]}]}
     big = 1_000_000
@@ -266,7 +229,7 @@ def proxy_config(port, upstream_port, filters):
                                                     "max_requests": big, "max_retries": big}]},
                "load_assignment": {"cluster_name": "provider", "endpoints": [{"lb_endpoints": [
                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}}}}]}]}}
-    return {"static_resources": {"listeners": [listener(port, hcm("bench", rc, filters))], "clusters": [cluster]}}
+    return {"static_resources": {"listeners": [listener(hcm("bench", rc, filters))], "clusters": [cluster]}}
 
 
 # ---------------------------------------------------------------- load generators
@@ -333,15 +296,15 @@ class Slot:
     """One configuration on a fresh proxy Envoy, in front of the shared upstream."""
 
     def __init__(self, key, spec, workers, upstream_port, tag, pinned=True):
-        self.port = free_port()
         self.key = key
         pin = layout(workers)[0] if pinned else None
-        self.envoy = Envoy(proxy_config(self.port, upstream_port, filters_for(spec)), workers, pin, tag)
+        self.envoy = start_envoy(proxy_config(upstream_port, filters_for(spec)), workers, pin)
+        self.port = self.envoy.port
         if key == "f":
             start_cooldown(self.port)
 
     def close(self):
-        self.envoy.close()
+        close_envoy(self.envoy)
 
 
 def saturation(slot, load_pin):
@@ -372,7 +335,7 @@ def overhead(workers, upstream_port, results):
     rates = sorted({int(knee * f / 100) * 100 for f in (0.25, 0.5)})
     print(f"== overhead, {workers} worker(s): open-loop latency at {rates} req/s", flush=True)
     lat = {k: {r: [] for r in rates} for k, _, _ in CONFIGS}
-    for rnd in range(ROUNDS):
+    for rnd in range(LAT_ROUNDS):
         for key, label, spec in CONFIGS:
             slot = Slot(key, spec, workers, upstream_port, f"w{workers}-{key}-ol")
             try:
@@ -454,7 +417,8 @@ general_settings:
                             start_new_session=True)
     print(f"\n== LiteLLM proxy (1 worker process, pinned like the 1-worker Envoy) in front of the same upstream", flush=True)
     try:
-        wait_ready(f"http://127.0.0.1:{port}/health/liveliness", proc, "litellm", timeout=180)
+        if not wait_http_ok(f"http://127.0.0.1:{port}/health/liveliness", time.monotonic() + 180, proc):
+            raise RuntimeError(f"litellm not ready after 180 s (exit {proc.poll()}); see {log.name}")
         status, _ = post(port, {"authorization": ACCOUNT_KEY})
         if status != 200:
             raise RuntimeError(f"litellm answered {status} to a chat completion; see {log.name}")
@@ -488,6 +452,58 @@ general_settings:
         log.close()
 
 
+# ---------------------------------------------------------------- the pure core, instruction counts
+
+HOTPATH_CONFIGS = [("d", "{}", "{}"), ("e", "one request limit", ONE_LIMIT),
+                   ("g", "hold + max_in_flight + fallback, nothing cooling", FULL)]
+# Host calls the host layer makes on every request whatever the configuration (src/host):
+# the request header map and the clock on request headers, the response header map and the
+# clock on response headers. core-bench counts the rest (shared data, metrics) per path.
+FIXED_HOSTCALLS = {"request_path": 2, "response_path": 2}
+
+
+def callgrind(args):
+    """(total instructions, {function: inclusive instructions}) of one core-bench run."""
+    out = os.path.join(WORKDIR, "callgrind.out")
+    run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *args],
+                         capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        raise RuntimeError(f"callgrind failed: {run.stderr[-400:]}")
+    stats = json.loads(run.stdout.strip().splitlines()[-1])
+    ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", out], capture_output=True, text=True).stdout
+    total = int(re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", ann).group(1).replace(",", ""))
+    paths = {}
+    for fn in ("request_path", "response_path"):
+        m = re.search(r"([\d,]+) \([\d.]+%\)\s+\S*core-bench/src/main\.rs:core_bench::" + fn + r"\b", ann)
+        paths[fn] = int(m.group(1).replace(",", "")) if m else 0
+    return total, paths, stats
+
+
+def hotpath(results):
+    """Instructions of the pure core per request (callgrind: the difference between N and 2N
+    requests over N, so start-up and first-use costs cancel) and hostcalls per request by path."""
+    core = os.environ.get("CORE_BENCH", "")
+    if not core or not shutil.which("valgrind"):
+        results["hotpath"] = {"skipped": "valgrind or core-bench missing"}
+        print("\n== hot path: skipped (valgrind or core-bench missing)", flush=True)
+        return
+    n = 10_000
+    print(f"\n== hot path: pure-core instructions per request (callgrind, {n} vs {2 * n} requests)", flush=True)
+    rows = []
+    for key, label, cfg in HOTPATH_CONFIGS:
+        t1, p1, _ = callgrind([core, "hotpath", cfg, str(n)])
+        t2, p2, stats = callgrind([core, "hotpath", cfg, str(2 * n)])
+        row = {"key": key, "label": label, "total": (t2 - t1) / n,
+               **{fn: (p2[fn] - p1[fn]) / n for fn in p1},
+               "hostcalls": {fn: {**stats[fn], "fixed": FIXED_HOSTCALLS[fn]} for fn in FIXED_HOSTCALLS}}
+        rows.append(row)
+        calls = "; ".join(f"{fn.split('_')[0]}: " + ", ".join(f"{k} {v:g}" for k, v in row["hostcalls"][fn].items())
+                          for fn in FIXED_HOSTCALLS)
+        print(f"  ({key}) {label:50s} {row['total']:8,.0f} instr/req (request {row['request_path']:,.0f},"
+              f" response {row['response_path']:,.0f}); hostcalls {calls}", flush=True)
+    results["hotpath"] = rows
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -506,6 +522,28 @@ def best_cpu(runs):
 
 def median_of(runs, field):
     return statistics.median(x[field] for x in runs)
+
+
+def over_empty(sat):
+    """Issue 11's measure: proxy CPU per request over the empty module. Rounds alternate the
+    configurations, so each round's difference is taken against that round's empty module and
+    the median of those differences is the figure; min–max show the spread."""
+    empty = [x["cpu_us_per_req"] for x in sat[EMPTY_KEY]]
+    lines = ["", f"CPU µs per request over the empty module ({len(empty)} alternated rounds; median, min–max):", "",
+             "| config | CPU µs/req, median (min–max) | over the empty module, median (min–max) | target |",
+             "|---|---:|---:|---|"]
+    for key, label, _ in CONFIGS:
+        cpu = [x["cpu_us_per_req"] for x in sat[key]]
+        row = f"| ({key}) {label} | {statistics.median(cpu):.1f} ({min(cpu):.1f}–{max(cpu):.1f}) |"
+        if key in ("a", "b", EMPTY_KEY):
+            lines.append(row + " | |")
+            continue
+        diffs = [c - e for c, e in zip(cpu, empty)]
+        med = statistics.median(diffs)
+        target = TARGETS.get(key)
+        verdict = f"≤ +{target:.0f}: {'met' if med <= target else 'NOT met'}" if target else ""
+        lines.append(row + f" {med:+.1f} ({min(diffs):+.1f}–{max(diffs):+.1f}) | {verdict} |")
+    return lines
 
 
 def report(results):
@@ -545,6 +583,7 @@ def report(results):
                                     for r, v in ll["latency"].items())
                 row += f" {lat_txt} (lower rates: it saturates far below Envoy) |"
                 lines.append(row)
+        lines += over_empty(sat)
         d, b = best_rps(sat["d"]), best_rps(sat["b"])
         added = [median_of(lat["d"][str(r)], "p99_us") - median_of(lat["a"][str(r)], "p99_us") for r in rates]
         cpu_ratio = base_cpu / best_cpu(sat["d"])
@@ -553,6 +592,20 @@ def report(results):
                      f"(target within 5 %: {'met' if abs(d / b - 1) <= 0.05 else 'NOT met'}); added p99 "
                      + ", ".join(f"{a:+.0f} µs @{r}/s" for a, r in zip(added, rates))
                      + f" (target < 100 µs: {'met' if max(added) < 100 else 'NOT met'}).")
+    hp = results.get("hotpath")
+    if isinstance(hp, list) and hp:
+        lines.append("\n### Pure core per request (callgrind instructions; hostcalls per request by path)\n")
+        lines.append("| config | instructions / request | request path | response path |"
+                     " hostcalls, request path | hostcalls, response path |")
+        lines.append("|---|---:|---:|---:|---|---|")
+        for r in hp:
+            def calls(fn):
+                c = r["hostcalls"][fn]
+                total = c["fixed"] + c["shared_data_get"] + c["shared_data_set"] + c["metric"]
+                return (f"{total:.2f}: {c['fixed']} fixed + {c['shared_data_get']:.2f} get + "
+                        f"{c['shared_data_set']:.2f} set + {c['metric']:.2f} metric")
+            lines.append(f"| ({r['key']}) {r['label']} | {r['total']:,.0f} | {r['request_path']:,.0f} |"
+                         f" {r['response_path']:,.0f} | {calls('request_path')} | {calls('response_path')} |")
     if results.get("contention"):
         lines.append("\n### Shared-data contention (one `tenant-rpm` limit; Envoy, wrk and upstream unpinned)\n")
         lines.append("| workers | tenant keys | req/s (sat.) | CPU µs/req | CAS give-ups | give-ups / req |")
@@ -577,13 +630,15 @@ def main():
     global WORKDIR
     os.makedirs(OUT, exist_ok=True)
     WORKDIR = tempfile.mkdtemp(prefix="run-", dir=OUT)
-    only = os.environ.get("BENCH_ONLY", "overhead,contention,litellm").split(",")
+    only = os.environ.get("BENCH_ONLY", "hotpath,overhead,contention,litellm").split(",")
     started = time.time()
     results = {"quick": QUICK, "overhead": {}, "machine": machine()}
-    up_port = free_port()
     # The upstream gets one worker, on the load generator's core when pinning is possible.
-    upstream = Envoy(upstream_config(up_port), 1, layout(1)[1], "upstream")
+    upstream = start_envoy(upstream_config(), 1, layout(1)[1])
+    up_port = upstream.port
     try:
+        if "hotpath" in only:
+            hotpath(results)
         if "overhead" in only:
             for workers in (1, 2):
                 overhead(workers, up_port, results)
@@ -592,7 +647,7 @@ def main():
         if "contention" in only:
             contention(up_port, results)
     finally:
-        upstream.close()
+        close_envoy(upstream)
     results["seconds"] = time.time() - started
     table = report(results)
     with open(os.path.join(OUT, "results.json"), "w") as f:

@@ -2,7 +2,7 @@
 # `make bench`: installs what the benchmark needs (idempotently), builds llm-governor, the empty
 # proxy-wasm module and the open-loop load generator, then runs bench/bench.py.
 #   BENCH_QUICK=1     short runs (development; numbers are noisier)
-#   BENCH_ONLY=overhead,contention,litellm   pick parts
+#   BENCH_ONLY=hotpath,overhead,contention,litellm   pick parts (hotpath: callgrind on the pure core)
 #   BENCH_NO_LITELLM=1  skip installing / running LiteLLM
 # Results: bench/out/results.md (table) and bench/out/results.json (every run).
 set -euo pipefail
@@ -14,6 +14,7 @@ cd "${REPO_ROOT}"
 need_apt=()
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 command -v taskset >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 if ((${#need_apt[@]})); then
   command -v apt-get >/dev/null 2>&1 || die "install ${need_apt[*]} (no apt-get here)"
   sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
@@ -47,4 +48,5 @@ export EMPTY_MODULE="${BENCH_TARGET}/${WASM_TARGET}/release/empty_filter.wasm"
 export LOADGEN="${BENCH_TARGET}/release/bench-loadgen"
 export CORE_BENCH="${BENCH_TARGET}/release/core-bench"
 export BENCH_OUT="${BENCH_OUT:-${BENCH_DIR}/out}"
-exec python3 "${BENCH_DIR}/bench.py"
+scripts/ensure-venv.sh >&2
+exec "${REPO_ROOT}/.venv/bin/python" "${BENCH_DIR}/bench.py"

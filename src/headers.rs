@@ -59,12 +59,12 @@ impl<'a> Headers<'a> {
         match self.repr {
             Repr::Owned(pairs) => pairs
                 .iter()
-                .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+                .find(|(n, _)| same_name(n.as_bytes(), name))
                 .map(|(_, v)| v.as_slice()),
             Repr::Wire(w) => w
                 .spans
                 .iter()
-                .find(|(n, _)| w.bytes[n.clone()].eq_ignore_ascii_case(name))
+                .find(|(n, _)| same_name(&w.bytes[n.clone()], name))
                 .map(|(_, v)| &w.bytes[v.clone()]),
         }
     }
@@ -75,7 +75,7 @@ impl<'a> Headers<'a> {
         'a: 'n,
     {
         self.pairs()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .filter(move |(n, _)| same_name(n, name.as_bytes()))
             .map(|(_, v)| v)
     }
 
@@ -88,6 +88,12 @@ impl<'a> Headers<'a> {
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
+}
+
+/// Header names compare case-insensitively (the slice compare checks the lengths first).
+#[inline]
+pub fn same_name(a: &[u8], b: &[u8]) -> bool {
+    a.eq_ignore_ascii_case(b)
 }
 
 /// Build an owned header list from string pairs (tests and fixtures).

@@ -5,7 +5,7 @@
 //! {limit,remaining,reset}` (resets are RFC 3339 instants). IETF drafts: the structured
 //! `RateLimit` / `RateLimit-Policy` fields and the older `RateLimit-Limit/-Remaining/-Reset`.
 
-use crate::headers::Headers;
+use crate::headers::{self, Headers};
 use crate::time;
 
 /// A rate-limit dimension a provider counts.
@@ -97,9 +97,15 @@ impl Snapshot {
     }
 }
 
-fn uint(h: &Headers, name: &str) -> Option<u64> {
-    let s = h.get_str(name)?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+/// A header value as trimmed UTF-8, or None when absent, empty or not UTF-8.
+fn text(v: Option<&[u8]>) -> Option<&str> {
+    let s = std::str::from_utf8(v?).ok()?.trim();
+    (!s.is_empty()).then_some(s)
+}
+
+fn uint(v: Option<&[u8]>) -> Option<u64> {
+    let s = text(v)?;
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     // Saturate absurd values instead of rejecting them: "more than we can count" is still
@@ -110,6 +116,7 @@ fn uint(h: &Headers, name: &str) -> Option<u64> {
 /// Header names of one dimension: (limit, remaining, reset).
 type Names = (&'static str, &'static str, &'static str);
 
+const OPENAI_PREFIX: &[u8] = b"x-ratelimit-";
 const OPENAI: [(Dimension, Names); 2] = [
     (
         Dimension::Requests,
@@ -129,6 +136,7 @@ const OPENAI: [(Dimension, Names); 2] = [
     ),
 ];
 
+const ANTHROPIC_PREFIX: &[u8] = b"anthropic-ratelimit-";
 const ANTHROPIC: [(Dimension, Names); 4] = [
     (
         Dimension::Requests,
@@ -164,74 +172,109 @@ const ANTHROPIC: [(Dimension, Names); 4] = [
     ),
 ];
 
+const IETF_PREFIX: &[u8] = b"ratelimit";
+const IETF: [&str; 5] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "ratelimit-limit",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+];
+
+/// The first value of every rate-limit header of one family, (limit, remaining, reset) per
+/// dimension, as `Headers::get` would find them.
+type Family<'a, const N: usize> = [[Option<&'a [u8]>; 3]; N];
+
+fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len() && headers::same_name(&name[..prefix.len()], prefix)
+}
+
+/// Keep `value` in the slot of the first of `names` that is `name` and still empty.
+fn keep<'a, const N: usize>(
+    found: &mut Family<'a, N>,
+    names: &[(Dimension, Names); N],
+    name: &[u8],
+    value: &'a [u8],
+) {
+    for (slots, (_, (limit, remaining, reset))) in found.iter_mut().zip(names) {
+        for (slot, n) in slots.iter_mut().zip([limit, remaining, reset]) {
+            if headers::same_name(name, n.as_bytes()) {
+                slot.get_or_insert(value);
+                return;
+            }
+        }
+    }
+}
+
 /// Read every rate-limit header family present on a response. Runs on every response, so it
-/// allocates nothing.
+/// allocates nothing and looks at each header once: a header outside the three families costs
+/// three prefix compares.
 pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
+    let mut openai: Family<2> = Default::default();
+    let mut anthropic: Family<4> = Default::default();
+    let mut ietf: [Option<&[u8]>; 5] = Default::default();
+    let (mut any_openai, mut any_anthropic, mut any_ietf) = (false, false, false);
+    for (name, value) in h.pairs() {
+        if starts_with(name, OPENAI_PREFIX) {
+            any_openai = true;
+            keep(&mut openai, &OPENAI, name, value);
+        } else if starts_with(name, ANTHROPIC_PREFIX) {
+            any_anthropic = true;
+            keep(&mut anthropic, &ANTHROPIC, name, value);
+        } else if starts_with(name, IETF_PREFIX) {
+            any_ietf = true;
+            if let Some(i) = IETF.iter().position(|n| headers::same_name(name, n.as_bytes())) {
+                ietf[i].get_or_insert(value);
+            }
+        }
+    }
     let mut snap = Snapshot::default();
-    // One pass says which families are there at all: most responses carry one or none, and
-    // each lookup below scans every header.
-    let (mut openai, mut anthropic, mut ietf) = (false, false, false);
-    for (name, _) in h.pairs() {
-        let has = |prefix: &[u8]| {
-            name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
-        };
-        openai |= has(b"x-ratelimit-");
-        anthropic |= has(b"anthropic-ratelimit-");
-        ietf |= has(b"ratelimit");
+    if any_openai {
+        for ((d, _), [limit, remaining, reset]) in OPENAI.iter().zip(openai) {
+            let w = snap.window_mut(*d);
+            w.limit = uint(limit);
+            w.remaining = uint(remaining);
+            w.reset_ms = text(reset).and_then(time::parse_go_duration_ms);
+        }
     }
-    if openai {
-        parse_openai(h, &mut snap);
-    }
-    if anthropic {
-        parse_anthropic(h, now_ms, &mut snap);
+    // Anthropic's family fills what OpenAI headers did not.
+    if any_anthropic {
+        for ((d, _), [limit, remaining, reset]) in ANTHROPIC.iter().zip(anthropic) {
+            let w = snap.window_mut(*d);
+            w.limit = w.limit.or_else(|| uint(limit));
+            w.remaining = w.remaining.or_else(|| uint(remaining));
+            w.reset_ms = w.reset_ms.or_else(|| {
+                text(reset)
+                    .and_then(time::parse_rfc3339_ms)
+                    .and_then(|at| time::until(at, now_ms))
+            });
+        }
     }
     // IETF fields describe requests unless a provider-specific family already did.
-    if ietf && snap.requests.is_empty() {
-        snap.requests = parse_ietf(h);
+    if any_ietf && snap.requests.is_empty() {
+        snap.requests = parse_ietf(&ietf);
     }
     snap
 }
 
-fn parse_openai(h: &Headers, snap: &mut Snapshot) {
-    for (d, (limit, remaining, reset)) in OPENAI {
-        let w = snap.window_mut(d);
-        w.limit = uint(h, limit);
-        w.remaining = uint(h, remaining);
-        w.reset_ms = h.get_str(reset).and_then(time::parse_go_duration_ms);
-    }
-}
-
-/// Anthropic's family fills what OpenAI headers did not.
-fn parse_anthropic(h: &Headers, now_ms: u64, snap: &mut Snapshot) {
-    for (d, (limit, remaining, reset)) in ANTHROPIC {
-        let w = snap.window_mut(d);
-        w.limit = w.limit.or_else(|| uint(h, limit));
-        w.remaining = w.remaining.or_else(|| uint(h, remaining));
-        w.reset_ms = w.reset_ms.or_else(|| {
-            h.get_str(reset)
-                .and_then(time::parse_rfc3339_ms)
-                .and_then(|at| time::until(at, now_ms))
-        });
-    }
-}
-
 /// `RateLimit: "default";r=50;t=30`, `RateLimit-Policy: "default";q=100;w=60`, or the older
-/// `RateLimit-Limit: 100`, `RateLimit-Remaining: 50`, `RateLimit-Reset: 30` (seconds).
-fn parse_ietf(h: &Headers) -> Window {
+/// `RateLimit-Limit: 100`, `RateLimit-Remaining: 50`, `RateLimit-Reset: 30` (seconds), in the
+/// order of `IETF`.
+fn parse_ietf(v: &[Option<&[u8]>; 5]) -> Window {
+    let [field, policy, limit, remaining, reset] = *v;
     let mut w = Window::default();
-    if let Some(v) = h.get_str("ratelimit") {
+    if let Some(v) = text(field) {
         w.remaining = sf_param(v, "r");
         w.reset_ms = sf_param(v, "t").map(|s| s.saturating_mul(1000).min(time::MAX_PARSED_MS));
     }
-    if let Some(v) = h.get_str("ratelimit-policy") {
+    if let Some(v) = text(policy) {
         w.limit = sf_param(v, "q");
     }
-    w.limit = w.limit.or_else(|| uint(h, "ratelimit-limit"));
-    w.remaining = w.remaining.or_else(|| uint(h, "ratelimit-remaining"));
-    w.reset_ms = w.reset_ms.or_else(|| {
-        h.get_str("ratelimit-reset")
-            .and_then(|s| time::parse_decimal_ms(s, 1000))
-    });
+    w.limit = w.limit.or_else(|| uint(limit));
+    w.remaining = w.remaining.or_else(|| uint(remaining));
+    w.reset_ms = w
+        .reset_ms
+        .or_else(|| text(reset).and_then(|s| time::parse_decimal_ms(s, 1000)));
     w
 }
 

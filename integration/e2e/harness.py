@@ -76,7 +76,8 @@ def find_envoy() -> str:
     )
 
 
-def _wait_http_ok(url: str, deadline: float, proc: subprocess.Popen) -> bool:
+def wait_http_ok(url: str, deadline: float, proc: subprocess.Popen) -> bool:
+    """True once url answers 200 before the monotonic deadline; False if proc exits first."""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
@@ -89,7 +90,7 @@ def _wait_http_ok(url: str, deadline: float, proc: subprocess.Popen) -> bool:
     return False
 
 
-def _terminate(proc: Optional[subprocess.Popen], grace_s: float = 5.0) -> Optional[int]:
+def terminate(proc: Optional[subprocess.Popen], grace_s: float = 5.0) -> Optional[int]:
     if proc is None:
         return None
     if proc.poll() is None:
@@ -138,7 +139,7 @@ class Simulator:
             raise HarnessError(f"llm-sim did not announce its port: {line!r}\n{self.log()}")
         self.port = int(match.group(1))
         deadline = time.monotonic() + timeout_s
-        if not _wait_http_ok(self.url + "/_sim/health", deadline, self.proc):
+        if not wait_http_ok(self.url + "/_sim/health", deadline, self.proc):
             self.stop()
             raise HarnessError(f"llm-sim not healthy on {self.url}\n{self.log()}")
         return self
@@ -168,7 +169,7 @@ class Simulator:
             return ""
 
     def stop(self) -> None:
-        _terminate(self.proc)
+        terminate(self.proc)
         if self.proc is not None and self.proc.stdout:
             self.proc.stdout.close()
         self.proc = None
@@ -192,20 +193,22 @@ def wasm_filter(
     module: Union[str, Path] = WASM_MODULE,
     allow_on_headers_stop_iteration: bool = True,
     failure_policy: str = "FAIL_OPEN",
+    name: str = "llm_governor",
 ) -> dict:
-    """The envoy.filters.http.wasm entry exactly as the shipped configs declare it."""
+    """The envoy.filters.http.wasm entry exactly as the shipped configs declare it (name: the
+    plugin name, root id and vm id; the benchmarks load the empty module under its own)."""
     value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
     return {
         "name": "envoy.filters.http.wasm",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": "llm_governor",
-                "root_id": "llm_governor",
+                "name": name,
+                "root_id": name,
                 "failure_policy": failure_policy,
                 "allow_on_headers_stop_iteration": allow_on_headers_stop_iteration,
                 "vm_config": {
-                    "vm_id": "llm_governor",
+                    "vm_id": name,
                     "runtime": "envoy.wasm.runtime.v8",
                     "code": {"local": {"filename": str(module)}},
                 },
@@ -433,8 +436,9 @@ class Envoy:
         failure_policy: str = "FAIL_OPEN",
         access_log_format: Union[dict, str, None] = None,
         stats_flush_interval: Optional[str] = None,
+        cpus: Optional[str] = None,
     ):
-        """bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
+        """cpus: a `taskset -c` list to pin Envoy to (benchmarks). bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
         generated one. access_log_format: log every request to `access_log_path` in the workdir
         (dict: JSON lines, str: text format); read it back with access_log_lines()."""
         self.plugin_config = plugin_config
@@ -444,6 +448,7 @@ class Envoy:
         self.envoy_bin = envoy_bin or find_envoy()
         self.log_level = log_level
         self.extra_args = list(extra_args or [])
+        self.cpus = cpus
         self.base_id = next(_base_ids)
         self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-envoy-"))
         self.config_path = self.workdir / ("envoy.yaml" if isinstance(bootstrap, str) else "envoy.json")
@@ -477,6 +482,7 @@ class Envoy:
         text = self.bootstrap if isinstance(self.bootstrap, str) else json.dumps(self.bootstrap, indent=2)
         self.config_path.write_text(text)
         args = [
+            *(["taskset", "-c", self.cpus] if self.cpus else []),  # taskset execs Envoy: same pid
             self.envoy_bin,
             "--config-path", str(self.config_path),
             "--concurrency", str(self.concurrency),
@@ -516,7 +522,7 @@ class Envoy:
         self._launch()
         deadline = time.monotonic() + timeout_s
         assert self.proc is not None
-        if not (self._admin_from_file(deadline) and _wait_http_ok(self.admin_url + "/ready", deadline, self.proc)):
+        if not (self._admin_from_file(deadline) and wait_http_ok(self.admin_url + "/ready", deadline, self.proc)):
             exited = self.proc.poll()
             self.stop(check=False)
             state = f"exited with {exited}" if exited is not None else f"not ready after {timeout_s:.0f}s"
@@ -561,7 +567,7 @@ class Envoy:
     def stop(self, check: bool = True) -> None:
         """Stops Envoy; with check, fails if the log shows a [critical] wasm line."""
         if self.proc is not None:
-            self.exit_code = _terminate(self.proc)
+            self.exit_code = terminate(self.proc)
             self.proc = None
         if check:
             critical = self.critical_wasm_lines()
@@ -594,6 +600,11 @@ class Envoy:
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "Envoy is not running"
+        return self.proc.pid
 
     @property
     def running(self) -> bool:

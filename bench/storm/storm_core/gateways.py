@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from harness import (Envoy, HarnessError, Simulator, _terminate, _wait_http_ok, envoy_bootstrap, failover_bootstrap,
+from harness import (Envoy, HarnessError, Simulator, terminate, wait_http_ok, envoy_bootstrap, failover_bootstrap,
                      free_port)
 
 from . import REPO_ROOT
@@ -259,7 +259,7 @@ class LiteLLMGateway(Gateway):
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
             )
         deadline = time.monotonic() + self.ready_timeout_s
-        if not _wait_http_ok(f"http://127.0.0.1:{self.port}/health/liveliness", deadline, self.proc):
+        if not wait_http_ok(f"http://127.0.0.1:{self.port}/health/liveliness", deadline, self.proc):
             exited, tail = self.proc.poll(), self.log_tail()
             self.stop()
             state = f"exited with {exited}" if exited is not None else f"not ready after {self.ready_timeout_s:.0f}s"
@@ -273,7 +273,7 @@ class LiteLLMGateway(Gateway):
             return ""
 
     def stop(self) -> None:
-        _terminate(self.proc, grace_s=10)
+        terminate(self.proc, grace_s=10)
         if not os.environ.get("LLM_GOVERNOR_KEEP_LOGS"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
