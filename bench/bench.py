@@ -12,6 +12,7 @@ Environment: ENVOY_BIN, WASM_MODULE, EMPTY_MODULE, LOADGEN, LITELLM (path to the
 empty), BENCH_QUICK=1 (short runs for development), BENCH_OUT (output folder).
 """
 
+import concurrent.futures
 import json
 import shutil
 import os
@@ -109,11 +110,13 @@ def rss_mib(pid):
     return total / 1024
 
 
-def start_envoy(config, concurrency, pin):
-    """A harness Envoy on `config` (listener and admin on port 0, read back), pinned to `pin`."""
+def start_envoy(config, concurrency, pin, prefix=None, timeout_s=60, stop_grace_s=5.0):
+    """A harness Envoy on `config` (listener and admin on port 0, read back), pinned to `pin`,
+    or run under `prefix` (valgrind)."""
     config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}}
     return HarnessEnvoy(None, 0, concurrency=concurrency, envoy_bin=ENVOY, log_level="warning",
-                        bootstrap=config, cpus=pin).start(timeout_s=60)
+                        bootstrap=config, prefix=prefix or cpus(pin),
+                        stop_grace_s=stop_grace_s).start(timeout_s=timeout_s)
 
 
 def close_envoy(envoy):
@@ -388,6 +391,90 @@ def contention(upstream_port, results):
     results["contention_model"] = model
 
 
+# ---------------------------------------------------------------- Envoy under callgrind
+
+# Envoy's whole-process instructions per request: stable where CPU time on this shared VM is
+# not (bare Envoy's CPU per request moves by ±10 µs between rounds). One worker under
+# `valgrind --tool=callgrind`, one keep-alive connection: ENVOY_WARMUP requests (V8 tiers the
+# module up, caches fill), then the counters are zeroed (`callgrind_control -z`), then
+# ENVOY_INSTR_N requests are counted and dumped (`callgrind_control -d`). Stats flushes are
+# pushed past the run: they depend on wall time, which valgrind stretches.
+ENVOY_WARMUP = 300
+ENVOY_INSTR_N = 500 if QUICK else 1000
+ENVOY_INSTR_CONFIGS = ["a", "c", "d", "e", "g"]
+RAW_REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorization: " + ACCOUNT_KEY.encode() +
+               b"\r\nx-tenant-id: tenant-1\r\ncontent-type: application/json\r\ncontent-length: 37\r\n\r\n"
+               b'{"model":"gpt-4o-mini","messages":[]}')
+
+
+def send_sequential(port, n):
+    """n requests one after another on one connection; every answer must be a 200."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        buf = b""
+        for _ in range(n):
+            s.sendall(RAW_REQUEST)
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    head = buf[:end].decode("latin-1")
+                    m = re.search(r"content-length:\s*(\d+)", head, re.I)
+                    size = end + 4 + (int(m.group(1)) if m else 0)
+                    if len(buf) >= size:
+                        if not head.startswith("HTTP/1.1 200"):
+                            raise RuntimeError(f"expected 200, got {head.splitlines()[0]}")
+                        buf = buf[size:]
+                        break
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError("connection closed")
+                buf += chunk
+
+
+def envoy_instructions_once(spec, upstream_port, n):
+    """Envoy's instructions per request over n requests with `spec`, after a warm-up."""
+    out = os.path.join(WORKDIR, f"callgrind.envoy.{time.monotonic_ns()}")
+    prefix = ["valgrind", "--tool=callgrind", "--smc-check=all-non-file", f"--callgrind-out-file={out}"]
+    cfg = proxy_config(upstream_port, filters_for(spec))
+    cfg["stats_flush_interval"] = "299s"
+    envoy = start_envoy(cfg, 1, None, prefix=prefix, timeout_s=600, stop_grace_s=300)
+    try:
+        send_sequential(envoy.port, ENVOY_WARMUP)
+        subprocess.run(["callgrind_control", "-z", str(envoy.pid)], check=True, capture_output=True, timeout=120)
+        send_sequential(envoy.port, n)
+        subprocess.run(["callgrind_control", "-d", str(envoy.pid)], check=True, capture_output=True, timeout=120)
+        # The dump is `<out>.<n>`; its `summary:` line is the event total since the zeroing.
+        dumps = sorted((f for f in os.listdir(WORKDIR) if f.startswith(os.path.basename(out) + ".")),
+                       key=lambda f: int(f.rsplit(".", 1)[1]))
+        text = open(os.path.join(WORKDIR, dumps[-1])).read()
+        total = int(re.search(r"^summary:\s*(\d+)", text, re.M).group(1))
+    finally:
+        close_envoy(envoy)
+        for f in os.listdir(WORKDIR):
+            if f.startswith(os.path.basename(out)):
+                os.unlink(os.path.join(WORKDIR, f))
+    return total / n
+
+
+def envoy_instructions(upstream_port, results):
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        results["envoy_instructions"] = {"skipped": "valgrind missing"}
+        return
+    n = ENVOY_INSTR_N
+    labels = {k: label for k, label, _ in CONFIGS}
+    specs = {k: spec for k, _, spec in CONFIGS}
+    print(f"\n== Envoy's instructions per request under callgrind (1 worker, {ENVOY_WARMUP} warm-up, then {n} counted;"
+          " 2 runs side by side)", flush=True)
+    rows = {}
+    for key in ENVOY_INSTR_CONFIGS:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(lambda _: envoy_instructions_once(specs[key], upstream_port, n), range(2)))
+        rows[key] = runs
+        print(f"  ({key}) {labels[key]:50s} " + ", ".join(f"{r:10,.0f}" for r in runs) + " instructions/request",
+              flush=True)
+    results["envoy_instructions"] = rows
+
+
 def litellm(upstream_port, results):
     if not LITELLM:
         results["litellm"] = {"skipped": "litellm not installed (see bench/run.sh output)"}
@@ -592,6 +679,16 @@ def report(results):
                      f"(target within 5 %: {'met' if abs(d / b - 1) <= 0.05 else 'NOT met'}); added p99 "
                      + ", ".join(f"{a:+.0f} µs @{r}/s" for a, r in zip(added, rates))
                      + f" (target < 100 µs: {'met' if max(added) < 100 else 'NOT met'}).")
+    ei = results.get("envoy_instructions")
+    if isinstance(ei, dict) and ei.get("c"):
+        empty = statistics.mean(ei["c"])
+        lines.append("\n### Envoy's instructions per request (callgrind on the whole process, 1 worker; two runs)\n")
+        lines.append("| config | instructions / request (run 1, run 2) | over the empty module (mean) |")
+        lines.append("|---|---:|---:|")
+        labels = {k: label for k, label, _ in CONFIGS}
+        for key, runs in ei.items():
+            over = "" if key in ("a", "c") else f"{statistics.mean(runs) - empty:+,.0f}"
+            lines.append(f"| ({key}) {labels[key]} | {', '.join(f'{r:,.0f}' for r in runs)} | {over} |")
     hp = results.get("hotpath")
     if isinstance(hp, list) and hp:
         lines.append("\n### Pure core per request (callgrind instructions; hostcalls per request by path)\n")
@@ -630,7 +727,7 @@ def main():
     global WORKDIR
     os.makedirs(OUT, exist_ok=True)
     WORKDIR = tempfile.mkdtemp(prefix="run-", dir=OUT)
-    only = os.environ.get("BENCH_ONLY", "hotpath,overhead,contention,litellm").split(",")
+    only = os.environ.get("BENCH_ONLY", "hotpath,instructions,overhead,contention,litellm").split(",")
     started = time.time()
     results = {"quick": QUICK, "overhead": {}, "machine": machine()}
     # The upstream gets one worker, on the load generator's core when pinning is possible.
@@ -639,6 +736,8 @@ def main():
     try:
         if "hotpath" in only:
             hotpath(results)
+        if "instructions" in only:
+            envoy_instructions(up_port, results)
         if "overhead" in only:
             for workers in (1, 2):
                 overhead(workers, up_port, results)

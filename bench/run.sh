@@ -2,7 +2,8 @@
 # `make bench`: installs what the benchmark needs (idempotently), builds llm-governor, the empty
 # proxy-wasm module and the open-loop load generator, then runs bench/bench.py.
 #   BENCH_QUICK=1     short runs (development; numbers are noisier)
-#   BENCH_ONLY=hotpath,overhead,contention,litellm   pick parts (hotpath: callgrind on the pure core)
+#   BENCH_ONLY=hotpath,instructions,overhead,contention,litellm   pick parts (hotpath: callgrind on
+#                     the pure core; instructions: callgrind on Envoy itself)
 #   BENCH_NO_LITELLM=1  skip installing / running LiteLLM
 # Results: bench/out/results.md (table) and bench/out/results.json (every run).
 set -euo pipefail

@@ -43,6 +43,18 @@ impl<'a> Headers<'a> {
             .chain(wire.into_iter().flat_map(WireHeaders::pairs))
     }
 
+    /// Call `f` with every (name, value) pair, in order (a plain loop per representation, which
+    /// costs less than `pairs()`'s chained iterator on the hot path).
+    pub fn for_each(&self, mut f: impl FnMut(&'a [u8], &'a [u8])) {
+        match self.repr {
+            Repr::Owned(pairs) => pairs.iter().for_each(|(n, v)| f(n.as_bytes(), v)),
+            Repr::Wire(w) => w
+                .spans
+                .iter()
+                .for_each(|(n, v)| f(&w.bytes[n.clone()], &w.bytes[v.clone()])),
+        }
+    }
+
     /// Call `f` with every header name, in order (a plain loop per representation).
     pub fn for_each_name(&self, mut f: impl FnMut(&[u8])) {
         match self.repr {

@@ -104,13 +104,15 @@ fn text(v: Option<&[u8]>) -> Option<&str> {
 }
 
 fn uint(v: Option<&[u8]>) -> Option<u64> {
-    let s = text(v)?;
-    if !s.bytes().all(|b| b.is_ascii_digit()) {
+    let digits = v?.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
     // Saturate absurd values instead of rejecting them: "more than we can count" is still
     // "not zero".
-    Some(s.parse::<u64>().unwrap_or(u64::MAX))
+    Some(digits.iter().fold(0u64, |n, d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
 }
 
 /// Header names of one dimension: (limit, remaining, reset).
@@ -185,22 +187,34 @@ const IETF: [&str; 5] = [
 /// dimension, as `Headers::get` would find them.
 type Family<'a, const N: usize> = [[Option<&'a [u8]>; 3]; N];
 
+/// Whether `name` starts with `prefix` (lowercase), in any case: exactly first, as Envoy
+/// hands names over lowercased.
 fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
-    name.len() >= prefix.len() && headers::same_name(&name[..prefix.len()], prefix)
+    name.starts_with(prefix)
+        || (name.len() >= prefix.len() && headers::same_name(&name[..prefix.len()], prefix))
 }
 
-/// Keep `value` in the slot of the first of `names` that is `name` and still empty.
+/// Keep `value` in the slot of the first of `names` that is `name` and still empty. Envoy hands
+/// header names over lowercased, so an exact compare finds them; the case-insensitive one runs
+/// only for a name no exact compare matched.
 fn keep<'a, const N: usize>(
     found: &mut Family<'a, N>,
     names: &[(Dimension, Names); N],
     name: &[u8],
     value: &'a [u8],
 ) {
-    for (slots, (_, (limit, remaining, reset))) in found.iter_mut().zip(names) {
-        for (slot, n) in slots.iter_mut().zip([limit, remaining, reset]) {
-            if headers::same_name(name, n.as_bytes()) {
-                slot.get_or_insert(value);
-                return;
+    for exact in [true, false] {
+        for (slots, (_, (limit, remaining, reset))) in found.iter_mut().zip(names) {
+            for (slot, n) in slots.iter_mut().zip([limit, remaining, reset]) {
+                let n = n.as_bytes();
+                if if exact {
+                    name == n
+                } else {
+                    headers::same_name(name, n)
+                } {
+                    slot.get_or_insert(value);
+                    return;
+                }
             }
         }
     }
@@ -214,7 +228,7 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
     let mut anthropic: Family<4> = Default::default();
     let mut ietf: [Option<&[u8]>; 5] = Default::default();
     let (mut any_openai, mut any_anthropic, mut any_ietf) = (false, false, false);
-    for (name, value) in h.pairs() {
+    h.for_each(|name, value| {
         if starts_with(name, OPENAI_PREFIX) {
             any_openai = true;
             keep(&mut openai, &OPENAI, name, value);
@@ -223,11 +237,14 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
             keep(&mut anthropic, &ANTHROPIC, name, value);
         } else if starts_with(name, IETF_PREFIX) {
             any_ietf = true;
-            if let Some(i) = IETF.iter().position(|n| headers::same_name(name, n.as_bytes())) {
+            if let Some(i) = IETF
+                .iter()
+                .position(|n| headers::same_name(name, n.as_bytes()))
+            {
                 ietf[i].get_or_insert(value);
             }
         }
-    }
+    });
     let mut snap = Snapshot::default();
     if any_openai {
         for ((d, _), [limit, remaining, reset]) in OPENAI.iter().zip(openai) {

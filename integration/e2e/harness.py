@@ -436,9 +436,11 @@ class Envoy:
         failure_policy: str = "FAIL_OPEN",
         access_log_format: Union[dict, str, None] = None,
         stats_flush_interval: Optional[str] = None,
-        cpus: Optional[str] = None,
+        prefix: Optional[list] = None,
+        stop_grace_s: float = 5.0,
     ):
-        """cpus: a `taskset -c` list to pin Envoy to (benchmarks). bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
+        """prefix: a command Envoy's command line runs under (benchmarks: `taskset -c 0`, valgrind;
+        both exec Envoy, so the pid stays Envoy's). bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
         generated one. access_log_format: log every request to `access_log_path` in the workdir
         (dict: JSON lines, str: text format); read it back with access_log_lines()."""
         self.plugin_config = plugin_config
@@ -448,7 +450,8 @@ class Envoy:
         self.envoy_bin = envoy_bin or find_envoy()
         self.log_level = log_level
         self.extra_args = list(extra_args or [])
-        self.cpus = cpus
+        self.prefix = list(prefix or [])
+        self.stop_grace_s = stop_grace_s
         self.base_id = next(_base_ids)
         self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-envoy-"))
         self.config_path = self.workdir / ("envoy.yaml" if isinstance(bootstrap, str) else "envoy.json")
@@ -482,7 +485,7 @@ class Envoy:
         text = self.bootstrap if isinstance(self.bootstrap, str) else json.dumps(self.bootstrap, indent=2)
         self.config_path.write_text(text)
         args = [
-            *(["taskset", "-c", self.cpus] if self.cpus else []),  # taskset execs Envoy: same pid
+            *self.prefix,
             self.envoy_bin,
             "--config-path", str(self.config_path),
             "--concurrency", str(self.concurrency),
@@ -567,7 +570,7 @@ class Envoy:
     def stop(self, check: bool = True) -> None:
         """Stops Envoy; with check, fails if the log shows a [critical] wasm line."""
         if self.proc is not None:
-            self.exit_code = terminate(self.proc)
+            self.exit_code = terminate(self.proc, self.stop_grace_s)
             self.proc = None
         if check:
             critical = self.critical_wasm_lines()
