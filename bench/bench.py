@@ -539,6 +539,22 @@ general_settings:
         log.close()
 
 
+# ---------------------------------------------------------------- the token estimator
+
+
+def estimate_accuracy(results):
+    """bench/estimate: the estimator's input tokens against tiktoken's o200k_base, on the set
+    its constants were fitted on and on a held-out set."""
+    tool = os.environ.get("ESTIMATE_ACCURACY", "")
+    results["estimate"] = {}
+    for name in ("samples.jsonl", "samples-holdout.jsonl"):
+        path = os.path.join(HERE, "estimate", name)
+        run = subprocess.run([tool, path], capture_output=True, text=True, timeout=120) if tool else None
+        table = run.stdout if run and run.returncode == 0 else f"not measured: {run.stderr if run else 'tool missing'}"
+        results["estimate"][name] = table
+        print(f"\n== token estimator vs o200k_base: {name}\n{table}", flush=True)
+
+
 # ---------------------------------------------------------------- the pure core, instruction counts
 
 HOTPATH_CONFIGS = [("d", "{}", "{}"), ("e", "one request limit", ONE_LIMIT),
@@ -679,6 +695,9 @@ def report(results):
                      f"(target within 5 %: {'met' if abs(d / b - 1) <= 0.05 else 'NOT met'}); added p99 "
                      + ", ".join(f"{a:+.0f} µs @{r}/s" for a, r in zip(added, rates))
                      + f" (target < 100 µs: {'met' if max(added) < 100 else 'NOT met'}).")
+    for name, table in (results.get("estimate") or {}).items():
+        lines.append(f"\n### Token estimator against tiktoken's o200k_base ({name})\n")
+        lines.append(table)
     ei = results.get("envoy_instructions")
     if isinstance(ei, dict) and ei.get("c"):
         empty = statistics.mean(ei["c"])
@@ -727,13 +746,15 @@ def main():
     global WORKDIR
     os.makedirs(OUT, exist_ok=True)
     WORKDIR = tempfile.mkdtemp(prefix="run-", dir=OUT)
-    only = os.environ.get("BENCH_ONLY", "hotpath,instructions,overhead,contention,litellm").split(",")
+    only = os.environ.get("BENCH_ONLY", "estimate,hotpath,instructions,overhead,contention,litellm").split(",")
     started = time.time()
     results = {"quick": QUICK, "overhead": {}, "machine": machine()}
     # The upstream gets one worker, on the load generator's core when pinning is possible.
     upstream = start_envoy(upstream_config(), 1, layout(1)[1])
     up_port = upstream.port
     try:
+        if "estimate" in only:
+            estimate_accuracy(results)
         if "hotpath" in only:
             hotpath(results)
         if "instructions" in only:

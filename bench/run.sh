@@ -2,8 +2,9 @@
 # `make bench`: installs what the benchmark needs (idempotently), builds llm-governor, the empty
 # proxy-wasm module and the open-loop load generator, then runs bench/bench.py.
 #   BENCH_QUICK=1     short runs (development; numbers are noisier)
-#   BENCH_ONLY=hotpath,instructions,overhead,contention,litellm   pick parts (hotpath: callgrind on
-#                     the pure core; instructions: callgrind on Envoy itself)
+#   BENCH_ONLY=estimate,hotpath,instructions,overhead,contention,litellm   pick parts (estimate: the
+#                     token estimator against tiktoken's o200k_base on bench/estimate/samples*.jsonl;
+#                     hotpath: callgrind on the pure core; instructions: callgrind on Envoy itself)
 #   BENCH_NO_LITELLM=1  skip installing / running LiteLLM
 # Results: bench/out/results.md (table) and bench/out/results.json (every run).
 set -euo pipefail
@@ -30,6 +31,7 @@ BENCH_TARGET="${BENCH_DIR}/.target"
 (cd "${BENCH_DIR}/empty-filter" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release --target "${WASM_TARGET}")
 (cd "${BENCH_DIR}/loadgen" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
 (cd "${BENCH_DIR}/core-bench" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
+(cd "${BENCH_DIR}/estimate" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
 
 # LiteLLM in its own virtualenv: its dependency tree must not touch the test venv.
 LITELLM=""
@@ -48,6 +50,7 @@ export WASM_MODULE="${WASM_MODULE}"
 export EMPTY_MODULE="${BENCH_TARGET}/${WASM_TARGET}/release/empty_filter.wasm"
 export LOADGEN="${BENCH_TARGET}/release/bench-loadgen"
 export CORE_BENCH="${BENCH_TARGET}/release/core-bench"
+export ESTIMATE_ACCURACY="${BENCH_TARGET}/release/estimate-accuracy"
 export BENCH_OUT="${BENCH_OUT:-${BENCH_DIR}/out}"
 scripts/ensure-venv.sh >&2
 exec "${REPO_ROOT}/.venv/bin/python" "${BENCH_DIR}/bench.py"

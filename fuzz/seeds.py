@@ -242,6 +242,12 @@ def main():
     )
     corpus.add("wire_headers", "empty", b"")
     corpus.add("wire_headers", "status", wire([(":status", b"429"), ("retry-after", b"3")]))
+    # Request bodies: the token estimator's sample set (bench/estimate/samples.jsonl).
+    samples = ROOT / "bench" / "estimate" / "samples.jsonl"
+    for line in samples.read_text(encoding="utf-8").splitlines():
+        sample = json.loads(line)
+        corpus.add("request_estimate", sample["name"], json.dumps(sample["body"], ensure_ascii=False).encode()[:4096])
+
     corpus.write()
 
 

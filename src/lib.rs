@@ -8,6 +8,7 @@ pub mod classify;
 pub mod config;
 pub mod cooldown;
 pub mod deadline;
+pub mod estimate;
 pub mod headers;
 pub mod hold;
 pub mod inflight;
