@@ -14,10 +14,11 @@ empty), BENCH_QUICK=1 (short runs for development), BENCH_OUT (output folder).
 
 import concurrent.futures
 import json
-import shutil
 import os
 import re
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -182,7 +183,6 @@ def upstream_config():
 NEVER = 1_000_000_000  # requests per minute: the config maximum, never reached here
 ONE_LIMIT = json.dumps({"limits": [
     {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": NEVER}]})
-ONE_TENANT_LIMIT = ONE_LIMIT
 # Issue 11's third target: hold, a max_in_flight cap and a fallback pool configured, nothing
 # cooling (the cap is far above wrk's 64 connections, so nothing waits).
 FULL = json.dumps({
@@ -359,7 +359,7 @@ def contention(upstream_port, results):
     for workers in (1, 2, 4):
         for rnd in range(ROUNDS):
             for mode, tenants in (("hot (1 tenant)", 1), (f"distinct ({TENANTS} tenants)", TENANTS)):
-                slot = Slot("contention", ONE_TENANT_LIMIT, workers, upstream_port, f"cont-w{workers}", pinned=False)
+                slot = Slot("contention", ONE_LIMIT, workers, upstream_port, f"cont-w{workers}", pinned=False)
                 try:
                     wrk(slot.port, WARM_S, None, threads=2, tenants=tenants)
                     before = slot.envoy.stat("wasmcustom.llm_governor.pool.default.store_contention")
@@ -409,7 +409,6 @@ RAW_REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorizat
 
 def send_sequential(port, n):
     """n requests one after another on one connection; every answer must be a 200."""
-    import socket
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
         buf = b""
         for _ in range(n):

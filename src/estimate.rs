@@ -9,6 +9,8 @@
 //! estimated from its length, values nested deeper than `MAX_DEPTH` still count as text, and a
 //! `max_tokens` that is negative, fractional, a string or absurd is ignored or capped.
 
+use crate::time;
+
 /// How much of a body is read; the rest is estimated from its length.
 pub const MAX_BODY: usize = 256 * 1024;
 
@@ -123,8 +125,8 @@ enum Frame {
 /// up to where it stops).
 fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
     let mut est = Estimate::default();
-    let mut frames = [Frame::Object; MAX_DEPTH];
-    let mut keys = [Key::default(); MAX_DEPTH]; // the key each open container is the value of
+    // Each open container, with the key it is the value of.
+    let mut frames = [(Frame::Object, Key::default()); MAX_DEPTH];
     let mut depth = 0usize; // may exceed MAX_DEPTH: frames past it are not tracked
     let mut key = Key::default(); // the key of the value about to come
     let mut expect_key = false;
@@ -134,23 +136,19 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
         let c = b[i];
         match c {
             b' ' | b'\t' | b'\n' | b'\r' | b',' | b':' => {
-                if c == b','
-                    && depth > 0
-                    && depth <= MAX_DEPTH
-                    && frames[depth - 1] == Frame::Object
-                {
+                if c == b',' && matches!(top(&frames, depth), Some((Frame::Object, _))) {
                     expect_key = true;
                 }
                 i += 1;
             }
             b'{' | b'[' => {
                 if depth < MAX_DEPTH {
-                    frames[depth] = if c == b'{' {
+                    let frame = if c == b'{' {
                         Frame::Object
                     } else {
                         Frame::Array
                     };
-                    keys[depth] = key;
+                    frames[depth] = (frame, key);
                 }
                 depth += 1;
                 expect_key = c == b'{';
@@ -169,8 +167,8 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
                     return None;
                 }
                 let raw = &b[i + 1..end];
-                let in_object =
-                    depth > 0 && depth <= MAX_DEPTH && frames[depth - 1] == Frame::Object;
+                let top = top(&frames, depth);
+                let in_object = matches!(top, Some((Frame::Object, _)));
                 if expect_key && in_object {
                     key = Key::of(raw);
                     expect_key = false;
@@ -178,10 +176,10 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
                         est.input = est.input.saturating_add(PER_MESSAGE);
                     }
                 } else {
-                    let context = if in_object || depth > MAX_DEPTH || depth == 0 {
-                        key
-                    } else {
-                        keys[depth - 1] // an array's strings count as what the array is
+                    let context = match top {
+                        // An array's strings count as what the array is.
+                        Some((Frame::Array, array_key)) => array_key,
+                        _ => key,
                     };
                     est.input = est.input.saturating_add(string_tokens(raw, &context));
                     if in_object {
@@ -198,7 +196,8 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
                     i += 1;
                 }
                 if key.any(&OUTPUT_KEYS) && depth <= 2 {
-                    if let Some(n) = whole_number(&b[start..i]) {
+                    // JSON allows `200`, not `"200"`; `-1` and `2.5` are not digits.
+                    if let Some(n) = time::whole_number(&b[start..i]) {
                         est.max_output = Some(n.min(MAX_OUTPUT));
                     }
                 }
@@ -228,6 +227,11 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
     Some(est)
 }
 
+/// The innermost open container, when it is tracked.
+fn top(frames: &[(Frame, Key); MAX_DEPTH], depth: usize) -> Option<(Frame, Key)> {
+    (1..=MAX_DEPTH).contains(&depth).then(|| frames[depth - 1])
+}
+
 /// Where the string starting at `from` (just after its opening quote) ends, and whether it
 /// was closed before the bytes ran out.
 fn string_end(b: &[u8], from: usize) -> (usize, bool) {
@@ -240,16 +244,6 @@ fn string_end(b: &[u8], from: usize) -> (usize, bool) {
         }
     }
     (b.len(), false)
-}
-
-/// A non-negative integer (JSON allows `200`, not `"200"`, `-1` or `2.5`), saturating.
-fn whole_number(raw: &[u8]) -> Option<u64> {
-    if raw.is_empty() || !raw.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(raw.iter().fold(0u64, |n, d| {
-        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-    }))
 }
 
 /// Tokens of one string value, by what its key says it is.

@@ -55,14 +55,6 @@ impl<'a> Headers<'a> {
         }
     }
 
-    /// Call `f` with every header name, in order (a plain loop per representation).
-    pub fn for_each_name(&self, mut f: impl FnMut(&[u8])) {
-        match self.repr {
-            Repr::Owned(pairs) => pairs.iter().for_each(|(n, _)| f(n.as_bytes())),
-            Repr::Wire(w) => w.spans.iter().for_each(|(n, _)| f(&w.bytes[n.clone()])),
-        }
-    }
-
     /// The first value of `name`. Duplicated headers resolve to the first occurrence, which is
     /// what Envoy's own single-value getters do. (A loop per representation: this is the
     /// hot path's most frequent call.)
@@ -71,12 +63,12 @@ impl<'a> Headers<'a> {
         match self.repr {
             Repr::Owned(pairs) => pairs
                 .iter()
-                .find(|(n, _)| same_name(n.as_bytes(), name))
+                .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_slice()),
             Repr::Wire(w) => w
                 .spans
                 .iter()
-                .find(|(n, _)| same_name(&w.bytes[n.clone()], name))
+                .find(|(n, _)| w.bytes[n.clone()].eq_ignore_ascii_case(name))
                 .map(|(_, v)| &w.bytes[v.clone()]),
         }
     }
@@ -87,14 +79,13 @@ impl<'a> Headers<'a> {
         'a: 'n,
     {
         self.pairs()
-            .filter(move |(n, _)| same_name(n, name.as_bytes()))
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, v)| v)
     }
 
     /// The first value of `name` as trimmed UTF-8, or None when absent, empty or not UTF-8.
     pub fn get_str(&self, name: &str) -> Option<&'a str> {
-        let s = std::str::from_utf8(self.get(name)?).ok()?.trim();
-        (!s.is_empty()).then_some(s)
+        value_str(self.get(name)?)
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -102,10 +93,10 @@ impl<'a> Headers<'a> {
     }
 }
 
-/// Header names compare case-insensitively (the slice compare checks the lengths first).
-#[inline]
-pub fn same_name(a: &[u8], b: &[u8]) -> bool {
-    a.eq_ignore_ascii_case(b)
+/// A header value as trimmed UTF-8, or None when empty or not UTF-8.
+pub fn value_str(v: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    (!s.is_empty()).then_some(s)
 }
 
 /// Build an owned header list from string pairs (tests and fixtures).

@@ -97,22 +97,13 @@ impl Snapshot {
     }
 }
 
-/// A header value as trimmed UTF-8, or None when absent, empty or not UTF-8.
 fn text(v: Option<&[u8]>) -> Option<&str> {
-    let s = std::str::from_utf8(v?).ok()?.trim();
-    (!s.is_empty()).then_some(s)
+    headers::value_str(v?)
 }
 
+/// A header value that is a non-negative integer (absurd values saturate).
 fn uint(v: Option<&[u8]>) -> Option<u64> {
-    let digits = v?.trim_ascii();
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    // Saturate absurd values instead of rejecting them: "more than we can count" is still
-    // "not zero".
-    Some(digits.iter().fold(0u64, |n, d| {
-        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-    }))
+    time::whole_number(v?.trim_ascii())
 }
 
 /// Header names of one dimension: (limit, remaining, reset).
@@ -191,7 +182,7 @@ type Family<'a, const N: usize> = [[Option<&'a [u8]>; 3]; N];
 /// hands names over lowercased.
 fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
     name.starts_with(prefix)
-        || (name.len() >= prefix.len() && headers::same_name(&name[..prefix.len()], prefix))
+        || (name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix))
 }
 
 /// Keep `value` in the slot of the first of `names` that is `name` and still empty. Envoy hands
@@ -210,7 +201,7 @@ fn keep<'a, const N: usize>(
                 if if exact {
                     name == n
                 } else {
-                    headers::same_name(name, n)
+                    name.eq_ignore_ascii_case(n)
                 } {
                     slot.get_or_insert(value);
                     return;
@@ -239,7 +230,7 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
             any_ietf = true;
             if let Some(i) = IETF
                 .iter()
-                .position(|n| headers::same_name(name, n.as_bytes()))
+                .position(|n| name.eq_ignore_ascii_case(n.as_bytes()))
             {
                 ietf[i].get_or_insert(value);
             }

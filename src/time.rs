@@ -14,6 +14,17 @@ pub fn parse_decimal_ms(s: &str, unit_ms: u64) -> Option<u64> {
     scaled_decimal(s, unit_ms).map(|ms| ms.min(MAX_PARSED_MS))
 }
 
+/// A run of ASCII digits as a number, saturating at `u64::MAX` ("more than we can count" is
+/// still not zero); None when empty or anything but digits.
+pub(crate) fn whole_number(raw: &[u8]) -> Option<u64> {
+    if raw.is_empty() || !raw.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(raw.iter().fold(0u64, |n, d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
 /// `s` (a non-negative decimal) times `unit`, rounded up, saturating.
 fn scaled_decimal(s: &str, unit_ms: u64) -> Option<u64> {
     let s = s.trim();
@@ -28,10 +39,7 @@ fn scaled_decimal(s: &str, unit_ms: u64) -> Option<u64> {
         return None;
     }
     // Integer part: saturate instead of overflowing; anything this large is clamped anyway.
-    let mut whole: u64 = 0;
-    for b in int.bytes() {
-        whole = whole.saturating_mul(10).saturating_add(u64::from(b - b'0'));
-    }
+    let whole = whole_number(int.as_bytes()).unwrap_or(0);
     let mut ms = whole.saturating_mul(unit_ms);
     // Fractional part: keep up to 9 digits (nanosecond precision for a seconds unit).
     let mut num: u64 = 0;
@@ -112,11 +120,12 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Exactly `n` digits.
 fn digits(s: &str, n: usize) -> Option<u32> {
-    if s.len() != n || !s.bytes().all(|b| b.is_ascii_digit()) {
+    if s.len() != n {
         return None;
     }
-    s.parse().ok()
+    u32::try_from(whole_number(s.as_bytes())?).ok()
 }
 
 /// RFC 3339 timestamps as Anthropic sends them in `anthropic-ratelimit-*-reset`:
