@@ -36,6 +36,8 @@ const MAX_HOLD_MS: u64 = 300_000;
 const MAX_HELD: u64 = 100_000;
 const MAX_IN_FLIGHT: u64 = 1_000_000;
 const DEFAULT_SLOT_LEASE_MS: u64 = 600_000;
+/// The output reserved for a request that sets no output limit (`default_output_tokens`).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 1024;
 /// The name of the implicit pool for requests that match no configured pool.
 pub const DEFAULT_POOL: &str = "default";
 
@@ -139,6 +141,21 @@ pub enum LimitKey {
     Header(String),
     Account,
     Pool,
+    /// The request's model (the body's `model`, Azure's deployment, Gemini's model path), and
+    /// with `header`, that header's value too (`header:<name>+model`).
+    Model {
+        header: Option<String>,
+    },
+}
+
+impl LimitKey {
+    /// The keying header, if any.
+    pub fn header(&self) -> Option<&str> {
+        match self {
+            LimitKey::Header(h) | LimitKey::Model { header: Some(h) } => Some(h),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +177,12 @@ pub struct Limit {
     /// `InFlight` only: how long a slot whose stream never reported its end (its VM was
     /// replaced) is counted at most.
     pub slot_lease_ms: u64,
+    /// `Tokens` only: take the request's estimated input plus its output limit before
+    /// forwarding and settle with the reported usage at the end (false: admit while a token
+    /// is left and charge the usage after the response).
+    pub reserve: bool,
+    /// `Tokens` only: the output reserved for a request that sets no output limit.
+    pub default_output_tokens: u64,
 }
 
 impl Limit {
@@ -302,6 +325,8 @@ struct LimitDto {
     max_in_flight: Option<Deferred>,
     burst: Option<Deferred>,
     slot_lease_ms: Option<Deferred>,
+    reserve: Option<Flag>,
+    default_output_tokens: Option<Deferred>,
 }
 
 #[derive(Deserialize)]
@@ -548,6 +573,29 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             .map_err(|reason| err(&format!("{at}.slot_lease_ms"), reason))?,
         None => DEFAULT_SLOT_LEASE_MS,
     };
+    let tokens_only = |field: &str| {
+        err(
+            &format!("{at}.{field}"),
+            "applies to tokens_per_minute limits only".into(),
+        )
+    };
+    let reserve = match dto.reserve {
+        Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("reserve")),
+        Some(Flag(b)) => b,
+        None => true,
+    };
+    let default_output_tokens = match dto.default_output_tokens {
+        Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("default_output_tokens")),
+        Some(_) if !reserve => {
+            return Err(err(
+                &format!("{at}.default_output_tokens"),
+                "applies only when reserve is true".into(),
+            ))
+        }
+        Some(Deferred(v)) => int_in(v, 0, crate::estimate::MAX_OUTPUT)
+            .map_err(|reason| err(&format!("{at}.default_output_tokens"), reason))?,
+        None => DEFAULT_OUTPUT_TOKENS,
+    };
     Ok(Limit {
         name,
         key,
@@ -555,6 +603,8 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
         per_minute,
         burst,
         slot_lease_ms,
+        reserve,
+        default_output_tokens,
     })
 }
 
@@ -766,10 +816,20 @@ leaf!(
         match s {
             "account" => Ok(LimitKey::Account),
             "pool" => Ok(LimitKey::Pool),
-            _ => match s.strip_prefix("header:") {
-                Some(h) if valid_header_name(h) => Ok(LimitKey::Header(h.to_ascii_lowercase())),
+            "model" => Ok(LimitKey::Model { header: None }),
+            _ => match s
+                .strip_prefix("header:")
+                .map(|h| (h.strip_suffix("+model"), h))
+            {
+                Some((Some(h), _)) if valid_header_name(h) => Ok(LimitKey::Model {
+                    header: Some(h.to_ascii_lowercase()),
+                }),
+                Some((None, h)) if valid_header_name(h) => {
+                    Ok(LimitKey::Header(h.to_ascii_lowercase()))
+                }
                 _ => Err(format!(
-                    "must be \"header:<name>\", \"account\" or \"pool\", got {s:?}"
+                    "must be \"header:<name>\", \"header:<name>+model\", \"account\", \"pool\" \
+                     or \"model\", got {s:?}"
                 )),
             },
         }

@@ -62,6 +62,8 @@ pub struct Estimate {
     pub input: u64,
     /// The output limit the request sets, when it sets a usable one (a non-negative integer).
     pub max_output: Option<u64>,
+    /// Where the top-level `model` string is in the body (its raw bytes, escapes and all).
+    pub model: Option<(usize, usize)>,
 }
 
 impl Estimate {
@@ -82,7 +84,7 @@ pub fn estimate(body: &[u8], total_len: usize) -> Estimate {
         Some(e) => e,
         None => Estimate {
             input: (read.len() as u64).div_ceil(BYTES_PER_TOKEN),
-            max_output: None,
+            ..Estimate::default()
         },
     };
     est.input = est.input.saturating_add(beyond);
@@ -182,6 +184,9 @@ fn scan(b: &[u8], cut: bool) -> Option<Estimate> {
                         _ => key,
                     };
                     est.input = est.input.saturating_add(string_tokens(raw, &context));
+                    if depth == 1 && closed && key.is(b"model") && est.model.is_none() {
+                        est.model = Some((i + 1, end));
+                    }
                     if in_object {
                         key = Key::default();
                     }

@@ -17,6 +17,40 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 /// The id of "no credential": requests without any account header share it.
 pub const NO_ACCOUNT: u64 = 0;
 
+/// The id of "model not named": requests whose path and body name none share it (as `-`).
+pub const NO_MODEL: u64 = 0;
+
+/// One id from two, for keys made of a header's value and a model: FNV-1a over both ids'
+/// bytes, so (a, b) and (b, a) differ.
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&a.to_le_bytes());
+    bytes[8..].copy_from_slice(&b.to_le_bytes());
+    fnv1a64(&bytes)
+}
+
+/// The model a request path names: Azure's deployment (`/openai/deployments/{name}/...`) or
+/// Gemini's model (`/v1beta/models/{model}:generateContent`). Other dialects name it in the
+/// body.
+pub fn model_in_path(path: &[u8]) -> Option<&[u8]> {
+    let path = path.split(|b| *b == b'?').next().unwrap_or(path);
+    let (marker, ends): (&[u8], &[u8]) = if let Some(i) = find(path, b"/deployments/") {
+        (&path[i + b"/deployments/".len()..], b"/")
+    } else {
+        let i = find(path, b"/models/")?;
+        (&path[i + b"/models/".len()..], b"/:")
+    };
+    let end = marker
+        .iter()
+        .position(|b| ends.contains(b))
+        .unwrap_or(marker.len());
+    Some(&marker[..end]).filter(|m| !m.is_empty())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
 /// Shared-data key of the cooldown of (pool, account).
 pub fn cooldown_key(pool: &str, account: u64) -> String {
     key("c:", pool, key_id_hex(account))
@@ -66,6 +100,37 @@ pub const COOLDOWN_KEY_COUNT: &str = "k:c";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn models_named_in_paths() {
+        let cases: [(&[u8], Option<&[u8]>); 7] = [
+            (
+                b"/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21",
+                Some(b"gpt4o-prod"),
+            ),
+            (
+                b"/v1beta/models/gemini-2.0-flash:generateContent",
+                Some(b"gemini-2.0-flash"),
+            ),
+            (
+                b"/v1beta/models/gemini-pro:streamGenerateContent?alt=sse",
+                Some(b"gemini-pro"),
+            ),
+            (b"/v1/chat/completions", None),
+            (b"/v1/models/", None),
+            (b"/openai/deployments/", None),
+            (b"/x?q=/models/a", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(
+                model_in_path(path),
+                want,
+                "{}",
+                String::from_utf8_lossy(path)
+            );
+        }
+        assert_ne!(mix(1, 2), mix(2, 1));
+    }
 
     #[test]
     fn keys_are_the_formatted_ids() {

@@ -10,10 +10,9 @@ use crate::keys;
 use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
 use crate::store::{self, UpdateError};
 
-/// Something a request took from a limit, to give back if a later limit refuses it.
-enum Taken {
-    Token(usize, String),
-}
+/// Something a request took from a limit, to give back if a later limit refuses it: (limit
+/// index, bucket key, tokens).
+struct Taken(usize, String, u64);
 
 impl Governor {
     /// Take every limit of the flow, or none. Shared-data failures admit (fail-open) and count
@@ -27,16 +26,29 @@ impl Governor {
             // The read that tells whether the key exists is the first read of the update.
             let (key, known) = self.limit_key(i, key_id, flow.pool, env);
             let now = env.now_ms;
+            // What the request takes from a bucket: one request, its token reservation, or
+            // nothing (a budget charged after the response only needs a token left).
+            let amount = match limit.kind {
+                LimitKind::Requests => 1,
+                LimitKind::Tokens => reservation(limit, flow),
+                LimitKind::InFlight => 0,
+            };
+            if amount > limit.burst {
+                self.give_back(taken, &mut slots, flow.pool, env);
+                return Err(Blocked::TooLarge {
+                    limit: i,
+                    tokens: amount,
+                });
+            }
             let outcome = match limit.kind {
                 LimitKind::Requests | LimitKind::Tokens => {
                     let shape = limit.shape();
-                    let kind = limit.kind;
-                    update_bucket(env, &key, known, shape, |b| match kind {
-                        LimitKind::Requests => {
-                            let (after, take) = b.take(shape, now, 1);
-                            ((after != b).then_some(after), take)
+                    update_bucket(env, &key, known, shape, |b| {
+                        if amount == 0 {
+                            return (None, b.check(shape, now, 1));
                         }
-                        _ => (None, b.check(shape, now, 1)),
+                        let (after, take) = b.take(shape, now, amount);
+                        ((after != b).then_some(after), take)
                     })
                     .map(|u| {
                         if u.value.admitted {
@@ -85,11 +97,17 @@ impl Governor {
                 }
                 Err(e) => self.store_failed(flow.pool, &key, &e, env),
             }
+            // A give-up admitted without taking: nothing to give back, nothing reserved.
+            let taken_amount = if took { amount } else { 0 };
             match limit.kind {
-                // A give-up admitted without taking: nothing to give back.
-                LimitKind::Requests if took => taken.push(Taken::Token(i, key)),
+                LimitKind::Requests if took => taken.push(Taken(i, key, 1)),
                 LimitKind::Requests | LimitKind::InFlight => {}
-                LimitKind::Tokens => charges.push((i, key)),
+                LimitKind::Tokens => {
+                    if taken_amount > 0 {
+                        taken.push(Taken(i, key.clone(), taken_amount));
+                    }
+                    charges.push((i, key, taken_amount));
+                }
             }
         }
         if !slots.is_empty() {
@@ -155,11 +173,11 @@ impl Governor {
         pool: usize,
         env: &mut Env,
     ) {
-        for Taken::Token(i, key) in taken {
+        for Taken(i, key, amount) in taken {
             let shape = self.cfg.limits[i].shape();
             let now = env.now_ms;
             if let Err(e) = update_bucket(env, &key, None, shape, |b| {
-                (Some(b.give(shape, now, 1)), ())
+                (Some(b.give(shape, now, amount)), ())
             }) {
                 self.store_failed(pool, &key, &e, env);
             }
@@ -195,18 +213,38 @@ impl Governor {
         }
     }
 
-    /// Charge the flow's token budgets with the tokens its response used.
-    pub fn on_usage(&self, flow: &Flow, tokens: u64, env: &mut Env) {
+    /// Settle the flow's token budgets with the tokens its response used: a reservation is
+    /// replaced by the usage (the difference given back or charged), a budget charged after
+    /// the response is charged it all. Once: the flow owes nothing afterwards.
+    pub fn on_usage(&self, flow: &mut Flow, tokens: u64, env: &mut Env) {
         let now = env.now_ms;
-        for (i, key) in &flow.charges {
-            let shape = self.cfg.limits[*i].shape();
-            let result = update_bucket(env, key, None, shape, |b| {
-                (Some(b.charge(shape, now, tokens)), ())
+        for (i, key, reserved) in std::mem::take(&mut flow.charges) {
+            if tokens == reserved {
+                continue;
+            }
+            let shape = self.cfg.limits[i].shape();
+            let result = update_bucket(env, &key, None, shape, |b| {
+                let settled = if tokens >= reserved {
+                    b.charge(shape, now, tokens - reserved)
+                } else {
+                    b.give(shape, now, reserved - tokens)
+                };
+                (Some(settled), ())
             });
             if let Err(e) = result {
-                self.store_failed(flow.pool, key, &e, env);
+                self.store_failed(flow.pool, &key, &e, env);
             }
         }
+    }
+}
+
+/// The tokens a reserving budget takes for this request: its estimated input plus the output
+/// it allows (the limit's default when it sets none). 0 for a budget charged after the
+/// response, or a request whose body was not read.
+fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
+    match flow.estimate {
+        Some(est) if limit.reserve => est.reservation(limit.default_output_tokens),
+        _ => 0,
     }
 }
 

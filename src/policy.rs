@@ -9,6 +9,7 @@
 use crate::classify::{self, Class, Dialect};
 use crate::config::{Config, LimitKey, LimitKind, Pool};
 use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
+use crate::estimate::{self, Estimate};
 use crate::headers::Headers;
 use crate::inflight::Slot;
 use crate::keys;
@@ -54,6 +55,10 @@ pub struct Flow {
     pub home_dialect: Dialect,
     /// Per configured limit, the id of the keying header's value (header-keyed limits only).
     pub header_ids: Vec<u64>,
+    /// The id of the request's model, for `model` keys (`keys::NO_MODEL` until known).
+    pub model_id: u64,
+    /// What the request body says it will cost, when it was read (a token limit reserves).
+    pub estimate: Option<Estimate>,
     /// The dialect for locally generated bodies (`auto` resolved from the request).
     pub dialect: Dialect,
     /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:
@@ -61,8 +66,9 @@ pub struct Flow {
     pub streak: u8,
     /// Per configured limit, the id of this request's key.
     pub limit_keys: Vec<u64>,
-    /// Token buckets to charge with the response's usage: (limit index, shared-data key).
-    pub charges: Vec<(usize, String)>,
+    /// Token buckets to settle with the response's usage: (limit index, shared-data key,
+    /// tokens reserved before forwarding; 0 when the budget is charged after the response).
+    pub charges: Vec<(usize, String, u64)>,
     /// `max_in_flight` slots this request holds until its stream ends.
     pub slots: Vec<(usize, String, Slot)>,
     /// It took a release of the pace after a cooldown; its answer is owed to the pace.
@@ -77,6 +83,11 @@ impl Flow {
     /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
     pub fn owes_at_end(&self) -> bool {
         !self.slots.is_empty() || self.released
+    }
+
+    /// Whether it holds a token reservation to settle.
+    pub fn reserves(&self) -> bool {
+        self.charges.iter().any(|(_, _, reserved)| *reserved > 0)
     }
 }
 
@@ -97,6 +108,8 @@ pub enum Blocked {
     InFlight { limit: usize },
     /// The provider reported this account's quota exhausted: waiting cannot help.
     Quota { remaining_ms: u64 },
+    /// The request's reservation is larger than the token budget can ever hold.
+    TooLarge { limit: usize, tokens: u64 },
 }
 
 impl Blocked {
@@ -106,20 +119,23 @@ impl Blocked {
         match *self {
             Blocked::Cooling { remaining_ms, .. } => Some(remaining_ms),
             Blocked::Bucket { wait_ms, .. } => Some(wait_ms),
-            Blocked::Paced { .. } | Blocked::InFlight { .. } | Blocked::Quota { .. } => None,
+            Blocked::Paced { .. }
+            | Blocked::InFlight { .. }
+            | Blocked::Quota { .. }
+            | Blocked::TooLarge { .. } => None,
         }
     }
 
-    /// Whether holding can help: everything but quota exhaustion.
+    /// Whether holding can help: everything but quota exhaustion and a request too large.
     pub fn holdable(&self) -> bool {
-        !matches!(self, Blocked::Quota { .. })
+        !matches!(self, Blocked::Quota { .. } | Blocked::TooLarge { .. })
     }
 
     /// Whether a fallback pool can serve the request instead: the provider side is saying
     /// "not now" (cooling, pacing, quota) or the pool's concurrency cap is full. An empty local
     /// bucket is the operator's own limit for the tenant and is never steered around.
     pub fn steerable(&self) -> bool {
-        !matches!(self, Blocked::Bucket { .. })
+        !matches!(self, Blocked::Bucket { .. } | Blocked::TooLarge { .. })
     }
 
     /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
@@ -128,7 +144,10 @@ impl Blocked {
         match *self {
             Blocked::Cooling { remaining_ms, .. } => remaining_ms,
             Blocked::Bucket { wait_ms, .. } => wait_ms,
-            Blocked::Paced { .. } | Blocked::InFlight { .. } | Blocked::Quota { .. } => 0,
+            Blocked::Paced { .. }
+            | Blocked::InFlight { .. }
+            | Blocked::Quota { .. }
+            | Blocked::TooLarge { .. } => 0,
         }
     }
 }
@@ -174,6 +193,8 @@ pub struct Governor {
     pub cfg: Config,
     /// Per pool: the id of its name, for `key: pool` limits.
     pub(crate) pool_ids: Vec<u64>,
+    /// Some limit reserves tokens or is keyed by model: the request body is read.
+    reads_body: bool,
 }
 
 impl Governor {
@@ -183,7 +204,20 @@ impl Governor {
             .iter()
             .map(|p| keys::fnv1a64(p.name.as_bytes()))
             .collect();
-        Governor { cfg, pool_ids }
+        let reads_body = cfg.limits.iter().any(|l| {
+            (l.kind == LimitKind::Tokens && l.reserve) || matches!(l.key, LimitKey::Model { .. })
+        });
+        Governor {
+            cfg,
+            pool_ids,
+            reads_body,
+        }
+    }
+
+    /// Whether the request body must be read before admission: only when some limit reserves
+    /// tokens or is keyed by model. Otherwise the body is never looked at.
+    pub fn reads_body(&self) -> bool {
+        self.reads_body
     }
 
     /// The first pool whose match holds; the implicit `default` pool is last and matches all.
@@ -213,11 +247,13 @@ impl Governor {
             .cfg
             .limits
             .iter()
-            .map(|l| match &l.key {
-                LimitKey::Header(name) => keys::fnv1a64(req.headers.get(name).unwrap_or(b"-")),
-                LimitKey::Account | LimitKey::Pool => 0,
+            .map(|l| {
+                l.key.header().map_or(0, |name| {
+                    keys::fnv1a64(req.headers.get(name).unwrap_or(b"-"))
+                })
             })
             .collect();
+        let model_id = keys::model_in_path(req.path).map_or(keys::NO_MODEL, keys::fnv1a64);
         let dialect = self.cfg.pools[pool]
             .dialect
             .resolve_for_request(req.path, &req.headers);
@@ -228,6 +264,8 @@ impl Governor {
             client_account,
             home_dialect: dialect,
             header_ids,
+            model_id,
+            estimate: None,
             dialect,
             streak: 0,
             limit_keys: Vec::new(),
@@ -264,8 +302,24 @@ impl Governor {
                 LimitKey::Header(_) => *id,
                 LimitKey::Account => flow.account,
                 LimitKey::Pool => self.pool_ids[pool],
+                LimitKey::Model { header: None } => flow.model_id,
+                LimitKey::Model { header: Some(_) } => keys::mix(*id, flow.model_id),
             })
             .collect();
+    }
+
+    /// What the request body tells (the first `estimate::MAX_BODY` bytes of it; `total_len`
+    /// is the whole length when known to be larger): the tokens to reserve, and the model
+    /// when its path did not name one.
+    pub fn on_request_body(&self, flow: &mut Flow, body: &[u8], total_len: usize) {
+        let est = estimate::estimate(body, total_len);
+        if flow.model_id == keys::NO_MODEL {
+            if let Some(model) = est.model.and_then(|(from, to)| body.get(from..to)) {
+                flow.model_id = keys::fnv1a64(model);
+            }
+        }
+        flow.estimate = Some(est);
+        self.govern_as(flow, flow.pool);
     }
 
     /// The pool the request was steered to, when it was.
@@ -282,7 +336,24 @@ impl Governor {
 
     /// A request that is not held: forwarded now, or answered locally at once.
     pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
+        self.decide(self.flow_for(req), env)
+    }
+
+    /// `on_request` for a request whose body was read (a limit reserves tokens or keys by
+    /// model).
+    pub fn on_request_with_body(
+        &self,
+        req: &RequestView,
+        body: &[u8],
+        total_len: usize,
+        env: &mut Env,
+    ) -> RequestDecision {
         let mut flow = self.flow_for(req);
+        self.on_request_body(&mut flow, body, total_len);
+        self.decide(flow, env)
+    }
+
+    fn decide(&self, mut flow: Flow, env: &mut Env) -> RequestDecision {
         self.on_arrival(&flow, env);
         match self.admit(&mut flow, env) {
             Admission::Go => RequestDecision::Forward(flow),
@@ -436,6 +507,9 @@ impl Governor {
                 Counter::LocalRejectQuota,
                 None,
             ),
+            Blocked::TooLarge { limit, tokens } => {
+                return self.too_large(flow, limit, tokens, env);
+            }
             Blocked::InFlight { .. } => {
                 // A slot frees when some stream ends, which no header foretells: the
                 // configured base delay, with jitter so the returning clients spread out.
@@ -457,6 +531,20 @@ impl Governor {
             reply.held(held);
         }
         reply
+    }
+
+    /// A request whose reservation no bucket of this size can ever hold: refused at once, and
+    /// its client told not to retry (OpenAI answers "Request too large" the same way).
+    fn too_large(&self, flow: &Flow, limit: usize, tokens: u64, env: &mut Env) -> LocalReply {
+        let l = &self.cfg.limits[limit];
+        env.metrics.count(flow.pool, Counter::LocalRejectLimit);
+        let message = format!(
+            "llm_governor: this request reserves {tokens} tokens (estimated input plus its output \
+             limit) and local limit {:?} holds at most {}; it can never be admitted: lower \
+             max_tokens or shorten the prompt",
+            l.name, l.burst
+        );
+        reply::too_large(flow.dialect, &l.name, l.per_minute, &message)
     }
 
     fn cooldown_key(&self, flow: &Flow) -> String {
@@ -604,6 +692,14 @@ impl Governor {
         }
         self.govern(flow, status, headers, &[], &snap, env)
             .map_or(ResponseStep::Pass, ResponseStep::Rewrite)
+    }
+
+    /// The provider answered with an error of its own (not Envoy's): it used no tokens, so
+    /// the flow's reservations are given back in full.
+    pub fn on_upstream_error(&self, flow: &mut Flow, env: &mut Env) {
+        if flow.reserves() {
+            self.on_usage(flow, 0, env);
+        }
     }
 
     /// Envoy answered this request itself (an upstream reset or connect failure, a timeout):

@@ -106,6 +106,23 @@ pub fn local_reply(
     }
 }
 
+/// The answer to a request that reserves more tokens than local limit `name` can ever hold:
+/// a 429 whose client is told not to retry (the request must change, not wait).
+pub fn too_large(dialect: Dialect, name: &str, per_minute: u64, message: &str) -> LocalReply {
+    let class = Class::RateLimited;
+    let mut headers = retry_headers(class, AnswerSource::Limit, 60_000, false);
+    headers.push(("content-type", "application/json".to_string()));
+    headers.push((
+        "ratelimit-policy",
+        format!("\"{name}\";q={per_minute};w=60"),
+    ));
+    LocalReply {
+        status: 429,
+        headers,
+        body: body(dialect, class, message),
+    }
+}
+
 fn message(
     class: Class,
     source: AnswerSource,

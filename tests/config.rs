@@ -233,7 +233,31 @@ fn invalid_configs_name_the_field() {
         (r#"{"hold": {"deadline_headers": "x-timeout"}}"#, "hold.deadline_headers: must be an array"),
         (r#"{"hold": {"max": 5}}"#, "hold.max: unknown field"),
         (r#"{"pools": [{"name": "a"}"#, "not valid JSON"),
-    ];
+            (
+            r#"{"limits": [{"name": "r", "key": "pool", "requests_per_minute": 5, "reserve": true}]}"#,
+            "limits[0].reserve: applies to tokens_per_minute limits only",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": "yes"}]}"#,
+            "limits[0].reserve: must be true or false",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": false, "default_output_tokens": 10}]}"#,
+            "limits[0].default_output_tokens: applies only when reserve is true",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "default_output_tokens": -1}]}"#,
+            "limits[0].default_output_tokens: must be an integer between 0 and 1048576",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "max_in_flight": 5, "default_output_tokens": 1}]}"#,
+            "limits[0].default_output_tokens: applies to tokens_per_minute limits only",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "header:+model", "tokens_per_minute": 5}]}"#,
+            "limits[0].key: must be",
+        ),
+];
     for (input, expected) in cases {
         match config::parse(input.as_bytes()) {
             Ok(_) => panic!("accepted: {input}"),
@@ -246,6 +270,32 @@ fn invalid_configs_name_the_field() {
             }
         }
     }
+}
+
+#[test]
+fn token_limits_reserve_by_default_and_keys_may_name_the_model() {
+    let cfg = config::parse(
+        br#"{"limits": [
+            {"name": "a", "key": "model", "tokens_per_minute": 5},
+            {"name": "b", "key": "header:X-Tenant+model", "tokens_per_minute": 5, "default_output_tokens": 0},
+            {"name": "c", "key": "pool", "tokens_per_minute": 5, "reserve": false}
+        ]}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.limits[0].key, LimitKey::Model { header: None });
+    assert!(cfg.limits[0].reserve);
+    assert_eq!(
+        cfg.limits[0].default_output_tokens,
+        config::DEFAULT_OUTPUT_TOKENS
+    );
+    assert_eq!(
+        cfg.limits[1].key,
+        LimitKey::Model {
+            header: Some("x-tenant".into())
+        }
+    );
+    assert_eq!(cfg.limits[1].default_output_tokens, 0);
+    assert!(!cfg.limits[2].reserve);
 }
 
 #[test]

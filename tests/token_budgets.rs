@@ -59,11 +59,11 @@ const CFG: &str = r#"{"limits": [
 fn budget_admits_while_tokens_are_left_and_charges_usage() {
     let mut host = Host::new(CFG);
     let t = [("x-tenant-id", "t1")];
-    let flow = host.forward("/v1/chat/completions", &t);
+    let mut flow = host.forward("/v1/chat/completions", &t);
     assert_eq!(flow.charges.len(), 1);
     // Usage above the bucket: the tenant goes into debt...
     host.governor.on_usage(
-        &flow,
+        &mut flow,
         1500,
         &mut llm_governor::policy::Env {
             store: &host.store,

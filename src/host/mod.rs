@@ -8,6 +8,7 @@ mod adapters;
 use crate::classify;
 use crate::config;
 use crate::deadline;
+use crate::estimate;
 use crate::headers::{Headers, WireHeaders};
 use crate::hold::{Holds, Release, Step};
 use crate::metrics::Counter;
@@ -28,7 +29,9 @@ const MAX_ERROR_BODY: usize = 16 * 1024;
 /// How long a held response waits for its body before it is classified without one.
 const BODY_WAIT_MS: u64 = 1000;
 /// How long a local answer waits for the end of the request body before it is sent anyway (a
-/// slow upload then gets its answer early, on a connection Envoy closes).
+/// slow upload then gets its answer early, on a connection Envoy closes); and how long a
+/// request whose body is read before admission (a token limit reserves) waits for it before
+/// it is estimated from what arrived.
 const REQUEST_BODY_WAIT_MS: u64 = 10_000;
 /// After a body never came, how long to stop holding responses (Envoy is evidently configured
 /// without `allow_on_headers_stop_iteration`), before trying again.
@@ -59,14 +62,26 @@ enum Wait {
     /// been read makes Envoy close an HTTP/1.1 connection, and every local 429 would then cost
     /// the client a new connection (and TLS handshake). Overdue: answer anyway.
     RequestBodyEnd { reply: LocalReply, until_ms: u64 },
+    /// A request whose body is read before admission (a limit reserves tokens or keys by
+    /// model), waiting for its end or the first `estimate::MAX_BODY` bytes. Overdue: admit it
+    /// on what arrived.
+    RequestBody(BodyRead),
+}
+
+/// A request paused for its body: its flow, hold budget and declared length.
+struct BodyRead {
+    flow: Flow,
+    budget_ms: u64,
+    content_length: usize,
+    until_ms: u64,
 }
 
 impl Wait {
     fn until_ms(&self) -> u64 {
         match self {
-            Wait::ResponseBody { until_ms, .. } | Wait::RequestBodyEnd { until_ms, .. } => {
-                *until_ms
-            }
+            Wait::ResponseBody { until_ms, .. }
+            | Wait::RequestBodyEnd { until_ms, .. }
+            | Wait::RequestBody(BodyRead { until_ms, .. }) => *until_ms,
         }
     }
 }
@@ -113,6 +128,47 @@ impl Shared {
 
     fn take_wait(&self, context_id: u32) -> Option<Wait> {
         self.waits.try_borrow_mut().ok()?.remove(&context_id)
+    }
+
+    fn take_body_read(&self, context_id: u32) -> Option<BodyRead> {
+        let mut map = self.waits.try_borrow_mut().ok()?;
+        match map.remove(&context_id)? {
+            Wait::RequestBody(read) => Some(read),
+            other => {
+                map.insert(context_id, other);
+                None
+            }
+        }
+    }
+
+    /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
+    /// bytes Envoy buffered (`body_size` in all so far), then the same step as any request.
+    fn admit_read(&self, id: u32, read: BodyRead, body_size: usize, now: u64) -> Option<Step> {
+        let prefix = abi::buffer(
+            BufferType::HttpRequestBody,
+            0,
+            body_size.min(estimate::MAX_BODY),
+        )
+        .unwrap_or_default();
+        let total = body_size.max(read.content_length);
+        let BodyRead {
+            mut flow,
+            budget_ms,
+            ..
+        } = read;
+        self.with_env(now, |g, env| {
+            g.on_request_body(&mut flow, &prefix, total);
+            match self.holds.try_borrow_mut() {
+                Ok(mut holds) => holds.request(g, flow, budget_ms, id, env),
+                Err(_) => Step::Go(flow),
+            }
+        })
+    }
+
+    fn is_reading_body(&self, context_id: u32) -> bool {
+        self.waits
+            .try_borrow()
+            .is_ok_and(|m| matches!(m.get(&context_id), Some(Wait::RequestBody(_))))
     }
 
     fn is_waiting_for_request_body(&self, context_id: u32) -> bool {
@@ -225,7 +281,40 @@ impl Shared {
                 Wait::RequestBodyEnd { reply, .. } => {
                     send_reply(&reply);
                 }
+                Wait::RequestBody(read) => {
+                    // The body is slow (or body callbacks never come): admit on what arrived.
+                    let size = abi::buffer(BufferType::HttpRequestBody, 0, estimate::MAX_BODY)
+                        .map_or(0, |b| b.len());
+                    match self.admit_read(id, read, size, now) {
+                        Some(Step::Go(flow)) => self.resume(id, flow, now),
+                        Some(Step::Held) => self.mark_held(id, false),
+                        Some(Step::Reply(_, reply)) => {
+                            record_for_access_log(&reply.headers);
+                            send_reply(&reply);
+                        }
+                        None => {
+                            let _ = abi::resume_request();
+                        }
+                    }
+                }
             }
+        }
+    }
+
+    /// Let a paused request go upstream (steered first: Envoy releases the headers after the
+    /// resume), handing its flow to its stream; if the stream is gone, give back what it took.
+    /// The stream must be the effective context.
+    fn resume(&self, id: u32, mut flow: Flow, now: u64) {
+        steer(&self.governor, &flow);
+        let resumed = abi::resume_request()
+            .map_err(|e| log::warn!("llm_governor: could not resume a held request: {e}"))
+            .is_ok();
+        if resumed {
+            if let Ok(mut m) = self.released.try_borrow_mut() {
+                m.insert(id, flow);
+            }
+        } else {
+            self.with_env(now, |g, env| g.on_stream_end(&mut flow, None, env));
         }
     }
 
@@ -264,19 +353,8 @@ impl Shared {
             match release {
                 Release::Go { id, mut flow } => {
                     // The effective context is reset per VM call: set it for every stream.
-                    // Headers change before the resume: Envoy releases them after it.
-                    let resumed = abi::set_effective_context(id).is_ok() && {
-                        steer(&self.governor, &flow);
-                        abi::resume_request()
-                            .map_err(|e| {
-                                log::warn!("llm_governor: could not resume a held request: {e}")
-                            })
-                            .is_ok()
-                    };
-                    if resumed {
-                        if let Ok(mut m) = self.released.try_borrow_mut() {
-                            m.insert(id, flow);
-                        }
+                    if abi::set_effective_context(id).is_ok() {
+                        self.resume(id, flow, now);
                     } else {
                         // The stream is gone: give back what it took.
                         self.with_env(now, |g, env| g.on_stream_end(&mut flow, None, env));
@@ -328,6 +406,14 @@ fn buffered_error_body() -> Vec<u8> {
     let mut body = abi::buffer(BufferType::HttpResponseBody, 0, MAX_ERROR_BODY).unwrap_or_default();
     body.truncate(MAX_ERROR_BODY);
     body
+}
+
+/// A request that will never go upstream: drop what of its body arrived, so Envoy's buffer
+/// limit (which would answer 413) is never reached by a large prompt.
+fn drop_request_body(size: usize) {
+    if size > 0 {
+        let _ = abi::set_buffer(BufferType::HttpRequestBody, 0, size, &[]);
+    }
 }
 
 /// Send a local answer. Failing that, the request goes on upstream (fail-open).
@@ -425,6 +511,7 @@ impl RootContext for Root {
             context_id,
             flow: None,
             held: false,
+            reading_body: false,
             usage: None,
             finished: false,
         }))
@@ -442,6 +529,8 @@ struct Filter {
     flow: Option<Flow>,
     /// The request was held (it may have been let go since: then its flow is in `released`).
     held: bool,
+    /// Its body is being read before admission (`Wait::RequestBody`).
+    reading_body: bool,
     /// Reads the usage of a successful response whose flow has token budgets to charge.
     usage: Option<UsageScanner>,
     finished: bool,
@@ -482,6 +571,49 @@ impl Filter {
             self.flow = Some(flow);
         }
         Action::Continue
+    }
+
+    /// Do what admission decided for this request: let it go, hold it, or answer it (once
+    /// its body has ended, so an HTTP/1.1 connection survives the answer). `buffered` is how
+    /// much of its body Envoy holds for it now.
+    fn take_step(
+        &mut self,
+        step: Option<Step>,
+        body_done: bool,
+        buffered: usize,
+        now: u64,
+    ) -> Action {
+        let shared = self.shared.clone();
+        let id = self.context_id;
+        match step {
+            Some(Step::Go(flow)) => {
+                steer(&shared.governor, &flow);
+                self.flow = Some(flow);
+                Action::Continue
+            }
+            Some(Step::Held) => {
+                self.held = true;
+                shared.mark_held(id, body_done);
+                shared.tick_as_needed();
+                Action::Pause
+            }
+            Some(Step::Reply(_, reply)) => {
+                record_for_access_log(&reply.headers);
+                if body_done || !shared.body_callbacks_expected(now) {
+                    return send_reply(&reply);
+                }
+                drop_request_body(buffered);
+                shared.wait(
+                    id,
+                    Wait::RequestBodyEnd {
+                        reply,
+                        until_ms: now + REQUEST_BODY_WAIT_MS,
+                    },
+                );
+                Action::Pause
+            }
+            None => Action::Continue,
+        }
     }
 
     /// The request body is complete: send the waiting local answer.
@@ -554,6 +686,23 @@ impl HttpContext for Filter {
         let now = abi::now_ms();
         let shared = self.shared.clone();
         let id = self.context_id;
+        let g = &shared.governor;
+        if g.reads_body() && !end_of_stream {
+            // A limit reserves tokens (or keys by model): admission waits for the body.
+            let read = BodyRead {
+                flow: g.flow_for(&view),
+                budget_ms: deadline::hold_budget_ms(&g.cfg.hold, &view.headers),
+                content_length: view
+                    .headers
+                    .get_str("content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                until_ms: now + REQUEST_BODY_WAIT_MS,
+            };
+            shared.wait(id, Wait::RequestBody(read));
+            self.reading_body = true;
+            return Action::Pause;
+        }
         let step = shared.with_env(now, |g, env| {
             let flow = g.flow_for(&view);
             let budget = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
@@ -562,37 +711,28 @@ impl HttpContext for Filter {
                 Err(_) => Step::Go(flow),
             }
         });
-        match step {
-            Some(Step::Go(flow)) => {
-                steer(&shared.governor, &flow);
-                self.flow = Some(flow);
-                Action::Continue
-            }
-            Some(Step::Held) => {
-                self.held = true;
-                shared.mark_held(id, end_of_stream);
-                shared.tick_as_needed();
-                Action::Pause
-            }
-            Some(Step::Reply(_, reply)) => {
-                record_for_access_log(&reply.headers);
-                if end_of_stream || !shared.body_callbacks_expected(now) {
-                    return send_reply(&reply);
-                }
-                shared.wait(
-                    id,
-                    Wait::RequestBodyEnd {
-                        reply,
-                        until_ms: now + REQUEST_BODY_WAIT_MS,
-                    },
-                );
-                Action::Pause
-            }
-            None => Action::Continue,
-        }
+        self.take_step(step, end_of_stream, 0, now)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.reading_body {
+            let waiting = self.shared.is_reading_body(self.context_id);
+            if waiting && !end_of_stream && body_size < estimate::MAX_BODY {
+                return Action::Pause; // Envoy buffers what arrived
+            }
+            self.reading_body = false;
+            match self.shared.take_body_read(self.context_id) {
+                Some(read) => {
+                    let now = abi::now_ms();
+                    let step = self
+                        .shared
+                        .admit_read(self.context_id, read, body_size, now);
+                    return self.take_step(step, end_of_stream, body_size, now);
+                }
+                // The tick admitted it on what had arrived (the body was slow): it may be held.
+                None => self.held = true,
+            }
+        }
         if self.still_held() {
             // Envoy buffers the body until the request is let go; continuing here would
             // release the held headers too.
@@ -607,13 +747,23 @@ impl HttpContext for Filter {
         if end_of_stream {
             return self.send_waiting_reply();
         }
-        // The request will never go upstream: drop what arrived so Envoy's buffer limit
-        // (which would answer 413) is never reached by a large prompt.
-        let _ = abi::set_buffer(BufferType::HttpRequestBody, 0, body_size, &[]);
+        drop_request_body(body_size);
         Action::Pause
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if std::mem::take(&mut self.reading_body) {
+            match self.shared.take_body_read(self.context_id) {
+                Some(read) => {
+                    let now = abi::now_ms();
+                    let size = abi::buffer(BufferType::HttpRequestBody, 0, estimate::MAX_BODY)
+                        .map_or(0, |b| b.len());
+                    let step = self.shared.admit_read(self.context_id, read, size, now);
+                    return self.take_step(step, true, size, now);
+                }
+                None => self.held = true,
+            }
+        }
         if self.still_held() {
             self.shared.held_body_ended(self.context_id);
             return Action::Pause;
@@ -647,11 +797,19 @@ impl HttpContext for Filter {
             .unwrap_or(0);
         let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
         let now = abi::now_ms();
-        if classify::is_governed_status(status) && !from_upstream() {
+        let governed = classify::is_governed_status(status);
+        // An error the provider sent used no tokens: its reservations are given back. Envoy's
+        // own errors (a reset, a timeout) say nothing of what the provider did: kept.
+        let refund = status >= 400 && flow.reserves();
+        let upstream = !(governed || refund) || from_upstream();
+        if governed && !upstream {
             // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
             // provider saying "not now": leave it ungoverned.
             shared.with_env(now, |g, env| g.on_envoy_response(flow, env));
             return Action::Continue;
+        }
+        if refund && upstream {
+            shared.with_env(now, |g, env| g.on_upstream_error(flow, env));
         }
         let body_available = shared.body_callbacks_expected(now);
         let step = shared.with_env(now, |g, env| {

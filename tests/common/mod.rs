@@ -61,6 +61,37 @@ impl Host {
         governor.on_request(&view, &mut env)
     }
 
+    /// A request whose body the host read before admission (a limit reserves tokens).
+    pub fn request_with_body(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> RequestDecision {
+        let hs = owned(headers);
+        let view = RequestView {
+            path: path.as_bytes(),
+            authority: b"api.example.com",
+            headers: Headers::new(&hs),
+        };
+        let (governor, _, mut env) = self.parts();
+        governor.on_request_with_body(&view, body, body.len(), &mut env)
+    }
+
+    /// `request_with_body`; panics unless it is forwarded.
+    pub fn forward_with_body(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Flow {
+        match self.request_with_body(path, headers, body) {
+            RequestDecision::Forward(f) => f,
+            RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
+        }
+    }
+
+    /// The stream of `flow` ended with the provider reporting `usage` tokens.
+    pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
+        let (governor, _, mut env) = self.parts();
+        governor.on_stream_end(flow, Some(usage), &mut env);
+    }
+
     /// Send a request; panics unless it is forwarded.
     pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Flow {
         match self.request(path, headers) {
@@ -93,6 +124,33 @@ impl Host {
         let flow = governor.flow_for(&view);
         let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
         holds.request(governor, flow, budget, id, &mut env)
+    }
+
+    /// `arrive` for a request whose body was read before admission.
+    pub fn arrive_with_body(
+        &mut self,
+        id: u32,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Step {
+        let hs = owned(headers);
+        let view = RequestView {
+            path: path.as_bytes(),
+            authority: b"api.example.com",
+            headers: Headers::new(&hs),
+        };
+        let (governor, holds, mut env) = self.parts();
+        let mut flow = governor.flow_for(&view);
+        governor.on_request_body(&mut flow, body, body.len());
+        let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
+        holds.request(governor, flow, budget, id, &mut env)
+    }
+
+    /// Call the governor directly with this host's environment.
+    pub fn with_env<T>(&mut self, f: impl FnOnce(&Governor, &mut Env) -> T) -> T {
+        let (governor, _, mut env) = self.parts();
+        f(governor, &mut env)
     }
 
     /// The worker's tick at the current time.
