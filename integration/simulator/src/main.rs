@@ -9,6 +9,7 @@ mod scenario;
 mod server;
 mod sim;
 mod timefmt;
+mod tpm;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -492,6 +493,152 @@ mod tests {
             ),
             (&json!(0), &json!(0), &json!({}))
         );
+    }
+
+    #[test]
+    fn server_tpm_answers_like_openai() {
+        let addr = start();
+        let mut c = Conn::open(addr);
+        let sc = c.send("POST", "/_sim/scenario", &[], r#"{"tpm":{"tokens":1000}}"#);
+        assert_eq!(sc.status, 200, "{}", sc.body);
+        let auth = [("authorization", "Bearer sk-t")];
+        let chat = format!(
+            r#"{{"model":"gpt-4o","max_tokens":200,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "word ".repeat(300)
+        );
+        let est = chat.len() as u64 / 4;
+        let counted = est + 200;
+        assert!((501..=1000).contains(&counted), "{counted}");
+
+        // Served: usage is the estimate and min(max_tokens, 5); the headers are the bucket's.
+        let r = c.send("POST", "/v1/chat/completions", &auth, &chat);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let u = &r.json()["usage"];
+        assert_eq!(
+            (u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64()),
+            (Some(est), Some(5))
+        );
+        assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("1000"));
+        let remaining: u64 = r
+            .header("x-ratelimit-remaining-tokens")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(remaining, 1000 - counted);
+        // Until full: `counted` tokens at 1,000 per minute (60 ms each).
+        assert_eq!(
+            r.header("x-ratelimit-reset-tokens"),
+            Some(timefmt::go_duration_ms(counted * 60).as_str())
+        );
+
+        // The second does not fit: OpenAI's TPM 429, the hint in both headers.
+        let r = c.send("POST", "/v1/chat/completions", &auth, &chat);
+        assert_eq!(r.status, 429);
+        let e = &r.json()["error"];
+        assert_eq!(
+            (e["code"].as_str(), e["type"].as_str()),
+            (Some("rate_limit_exceeded"), Some("tokens"))
+        );
+        let msg = e["message"].as_str().unwrap();
+        let want = format!("Rate limit reached for gpt-4o in organization org-sim on tokens per min (TPM): Limit 1000, Used {counted}, Requested {counted}. Please try again in ");
+        assert!(msg.starts_with(&want), "{msg}");
+        let hint_ms: u64 = r.header("retry-after-ms").unwrap().parse().unwrap();
+        let full_wait = (2 * counted - 1000) * 60;
+        assert!(
+            (full_wait.saturating_sub(1000)..=full_wait).contains(&hint_ms),
+            "{hint_ms}"
+        );
+        assert_eq!(
+            r.header("retry-after"),
+            Some(hint_ms.div_ceil(1000).to_string().as_str())
+        );
+        assert!(msg.contains(&format!(
+            "try again in {}.",
+            timefmt::go_duration_ms(hint_ms)
+        )));
+        let left: u64 = r
+            .header("x-ratelimit-remaining-tokens")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (1000 - counted..=1000 - counted + 1).contains(&left),
+            "{left}"
+        );
+
+        // A stream asked to include usage reports it in its last chunk.
+        let stream = chat.replace(
+            r#""max_tokens":200"#,
+            r#""max_tokens":3,"stream":true,"stream_options":{"include_usage":true}"#,
+        );
+        let r = c.send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer sk-t2")],
+            &stream,
+        );
+        assert_eq!(r.status, 200);
+        let usage_chunk = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .find(|v| v["usage"].is_object())
+            .unwrap();
+        let u = &usage_chunk["usage"];
+        assert_eq!(
+            (u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64()),
+            (Some(stream.len() as u64 / 4), Some(3))
+        );
+
+        // The log has what was counted and why the 429.
+        let log = c.send("GET", "/_sim/requests", &[], "").json();
+        let entries = log["requests"].as_array().unwrap();
+        let fields: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e["decision"].as_str().unwrap().to_string(),
+                    e["counted_tokens"].as_u64(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                ("ok".to_string(), Some(counted)),
+                ("tokens_exhausted".to_string(), Some(counted)),
+                ("ok".to_string(), Some(stream.len() as u64 / 4 + 3)),
+            ]
+        );
+        assert_eq!(entries[1]["hint_ms"].as_u64(), Some(hint_ms));
+
+        // Junk output limits are ignored (counted as the completion, 5), never a crash.
+        for junk in [r#""-5""#, "-5", "1e400", "18446744073709551615"] {
+            let body = format!(r#"{{"model":"gpt-4o","max_tokens":{junk},"messages":[]}}"#);
+            let r = c.send(
+                "POST",
+                "/v1/chat/completions",
+                &[("authorization", "Bearer sk-junk")],
+                &body,
+            );
+            assert!(r.status == 200 || r.status == 429, "{junk}: {}", r.status);
+        }
+        let log = c.send("GET", "/_sim/requests", &[], "").json();
+        let junk: Vec<_> = log["requests"].as_array().unwrap()[3..]
+            .iter()
+            .map(|e| {
+                (
+                    e["status"].as_u64(),
+                    e["decision"].as_str().map(String::from),
+                )
+            })
+            .collect();
+        assert_eq!(junk[0], (Some(200), Some("ok".into())));
+        assert_eq!(junk[1], (Some(200), Some("ok".into())));
+        // 1e400 is not valid JSON: the body is not read at all, the count is the completion.
+        assert_eq!(junk[2], (Some(200), Some("ok".into())));
+        assert_eq!(junk[3], (Some(429), Some("tokens_too_large".into())));
     }
 
     #[test]

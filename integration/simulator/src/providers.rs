@@ -119,6 +119,22 @@ pub fn estimate_tokens(body: &[u8]) -> u64 {
     (body.len() as u64 / 4).max(1)
 }
 
+/// The request's output limit, from the first of `max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens` and Gemini's `generationConfig.maxOutputTokens` (or
+/// `generation_config.max_output_tokens`) that is a whole number >= 0; anything else (negative,
+/// a string, a fraction, beyond u64) is ignored, as if absent.
+pub fn output_limit(body: &Value) -> Option<u64> {
+    [
+        "/max_tokens",
+        "/max_completion_tokens",
+        "/max_output_tokens",
+        "/generationConfig/maxOutputTokens",
+        "/generation_config/max_output_tokens",
+    ]
+    .iter()
+    .find_map(|p| body.pointer(p).and_then(Value::as_u64))
+}
+
 fn rand_u64() -> u64 {
     static CTR: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
@@ -241,7 +257,14 @@ pub fn respond(ctx: &Ctx) -> Response {
 /// How an answer carries its retry hint in headers: the scenario's style or the dialect's default.
 fn retry_style(dialect: Dialect, d: &Decision) -> RetryStyle {
     match d.outcome {
-        Outcome::RateLimited if dialect == Dialect::Azure => d.style.unwrap_or(RetryStyle::Both),
+        // Never fits: nothing to wait for.
+        _ if d.reason == Reason::TokensTooLarge => d.style.unwrap_or(RetryStyle::None),
+        Outcome::RateLimited
+            if dialect == Dialect::Azure
+                || (dialect == Dialect::OpenAi && d.reason == Reason::TokensExhausted) =>
+        {
+            d.style.unwrap_or(RetryStyle::Both)
+        }
         Outcome::RateLimited | Outcome::Overloaded | Outcome::Unavailable
             if dialect != Dialect::Gemini =>
         {
@@ -270,23 +293,36 @@ fn has_retry_info(d: &Decision) -> bool {
 /// (whole seconds). `None` when the answer carries no hint.
 pub fn sent_hint_ms(dialect: Dialect, d: &Decision) -> Option<u64> {
     let whole_secs = secs_ceil(d.hint_ms).saturating_mul(1000);
-    let until_second = d
-        .now_unix_ms
-        .saturating_add(d.hint_ms)
-        .div_ceil(1000)
-        .saturating_mul(1000)
-        .saturating_sub(d.now_unix_ms);
+    let until_second = |ms: u64| {
+        d.now_unix_ms
+            .saturating_add(ms)
+            .div_ceil(1000)
+            .saturating_mul(1000)
+            .saturating_sub(d.now_unix_ms)
+    };
     match retry_style(dialect, d) {
         RetryStyle::Ms | RetryStyle::Both => Some(d.hint_ms),
         RetryStyle::Seconds => Some(whole_secs),
-        RetryStyle::Date => Some(until_second),
-        RetryStyle::None => match (d.exhausted, dialect) {
-            (Some(_), Dialect::OpenAi | Dialect::Azure) => Some(d.hint_ms),
-            (Some(_), Dialect::Anthropic) => Some(until_second),
+        RetryStyle::Date => Some(until_second(d.hint_ms)),
+        RetryStyle::None => match (exhausted_reset_ms(d), dialect) {
+            (Some(reset), Dialect::OpenAi | Dialect::Azure) => Some(reset),
+            (Some(reset), Dialect::Anthropic) => Some(until_second(reset)),
             _ if has_retry_info(d) => Some(whole_secs),
             _ => None,
         },
     }
+}
+
+/// The reset the headers carry for the exhausted dimension, in ms (a token 429 of the `tpm`
+/// bucket reports the time until the bucket is full, not the hint).
+fn exhausted_reset_ms(d: &Decision) -> Option<u64> {
+    let l = &d.limits;
+    Some(match d.exhausted? {
+        Dimension::Requests => l.reset_requests_ms,
+        Dimension::Tokens => l.reset_tokens_ms,
+        Dimension::InputTokens => l.reset_input_tokens_ms,
+        Dimension::OutputTokens => l.reset_output_tokens_ms,
+    })
 }
 
 /// Adds the retry hint headers in the scenario's style.
@@ -413,7 +449,7 @@ fn openai_usage(d: &Decision) -> Value {
     json!({
         "prompt_tokens": d.input_tokens,
         "completion_tokens": d.output_tokens,
-        "total_tokens": d.input_tokens + d.output_tokens,
+        "total_tokens": d.input_tokens.saturating_add(d.output_tokens),
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0, "audio_tokens": 0,
@@ -585,7 +621,7 @@ fn gemini_success(ctx: &Ctx) -> Response {
     let usage = json!({
         "promptTokenCount": d.input_tokens,
         "candidatesTokenCount": d.output_tokens,
-        "totalTokenCount": d.input_tokens + d.output_tokens,
+        "totalTokenCount": d.input_tokens.saturating_add(d.output_tokens),
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": d.input_tokens}]
     });
     let full = json!({
@@ -644,8 +680,24 @@ fn openai_error(ctx: &Ctx) -> Value {
                         "Rate limit reached for {model} in organization {ORG} on concurrent requests. Please try again in {wait}. Visit https://platform.openai.com/account/rate-limits to learn more."
                     ),
                 )
+            } else if let (Some(t), Reason::TokensTooLarge) = (d.tokens, d.reason) {
+                (
+                    "tokens",
+                    format!(
+                        "Request too large for {model} in organization {ORG} on tokens per min (TPM): Limit {}, Requested {}. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.",
+                        t.limit, t.counted
+                    ),
+                )
+            } else if let (Some(t), Reason::TokensExhausted) = (d.tokens, d.reason) {
+                (
+                    "tokens",
+                    format!(
+                        "Rate limit reached for {model} in organization {ORG} on tokens per min (TPM): Limit {}, Used {}, Requested {}. Please try again in {wait}. Visit https://platform.openai.com/account/rate-limits to learn more.",
+                        t.limit, t.used, t.counted
+                    ),
+                )
             } else if d.exhausted.is_some_and(Dimension::is_tokens) {
-                let requested = d.input_tokens + d.output_tokens;
+                let requested = d.input_tokens.saturating_add(d.output_tokens);
                 (
                     "tokens",
                     format!(
@@ -976,6 +1028,35 @@ mod tests {
         assert_eq!(account_key(&mk(&[], "alt=sse&key=q")), "q");
         assert_eq!(account_key(&mk(&[], "")), "-");
         assert_eq!(account_key(&mk(&[("authorization", "Bear")], "")), "Bear");
+    }
+
+    #[test]
+    fn output_limits() {
+        let rows: [(&str, Option<u64>); 13] = [
+            (r#"{"max_tokens":200}"#, Some(200)),
+            (r#"{"max_completion_tokens":300}"#, Some(300)),
+            (r#"{"max_output_tokens":400}"#, Some(400)),
+            (r#"{"generationConfig":{"maxOutputTokens":500}}"#, Some(500)),
+            (
+                r#"{"generation_config":{"max_output_tokens":600}}"#,
+                Some(600),
+            ),
+            (r#"{"max_tokens":0}"#, Some(0)),
+            (r#"{"max_tokens":18446744073709551615}"#, Some(u64::MAX)),
+            // Not a whole number >= 0: ignored, the next one (if any) counts.
+            (r#"{"max_tokens":-1,"max_completion_tokens":50}"#, Some(50)),
+            (r#"{"max_tokens":"200"}"#, None),
+            (r#"{"max_tokens":200.5}"#, None),
+            (r#"{"max_tokens":1e300}"#, None),
+            (r#"{"max_tokens":18446744073709551616}"#, None),
+            (r#"{"generationConfig":{"maxOutputTokens":null}}"#, None),
+        ];
+        for (body, want) in rows {
+            let v: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(output_limit(&v), want, "{body}");
+        }
+        assert_eq!(output_limit(&Value::Null), None);
+        assert_eq!(output_limit(&json!([1, 2])), None);
     }
 
     #[test]

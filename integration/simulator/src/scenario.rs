@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::tpm;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
@@ -48,6 +50,13 @@ impl Dimension {
 pub struct Limit {
     pub requests: u64,
     pub window_ms: u64,
+}
+
+/// A per-key token bucket (OpenAI's TPM): `tokens` of capacity, refilled at `tokens` per minute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tpm {
+    pub tokens: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -103,6 +112,8 @@ pub struct Scenario {
     pub keys: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<Limit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<Tpm>,
     /// Most requests of one account key in flight at once; a targeted request arriving when
     /// this many are already in flight gets a 429.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,6 +167,14 @@ impl Scenario {
             }
             if l.window_ms == 0 {
                 return Err("invalid scenario: limit.window_ms: must be > 0".into());
+            }
+        }
+        if let Some(t) = &self.tpm {
+            if !(1..=tpm::MAX_CAPACITY).contains(&t.tokens) {
+                return Err(format!(
+                    "invalid scenario: tpm.tokens: must be within 1..={}",
+                    tpm::MAX_CAPACITY
+                ));
             }
         }
         if self.max_concurrency == Some(0) {
@@ -226,6 +245,37 @@ mod tests {
         assert!(Scenario::parse(br#"{"retry_after_s":-1}"#).is_err());
         assert!(Scenario::parse(b"[1,2]").is_err());
         assert!(Scenario::parse(b"{").is_err());
+    }
+
+    #[test]
+    fn tpm_is_validated() {
+        let s = Scenario::parse(br#"{"tpm":{"tokens":20000}}"#).unwrap();
+        assert_eq!(s.tpm, Some(Tpm { tokens: 20000 }));
+        assert_eq!(serde_json::to_value(&s).unwrap()["tpm"]["tokens"], 20000);
+        assert!(serde_json::to_value(Scenario::default())
+            .unwrap()
+            .get("tpm")
+            .is_none());
+        for (bad, says) in [
+            (
+                &br#"{"tpm":{"tokens":0}}"#[..],
+                "tpm.tokens: must be within",
+            ),
+            (
+                br#"{"tpm":{"tokens":1000000001}}"#,
+                "tpm.tokens: must be within",
+            ),
+            (br#"{"tpm":{"tokens":-1}}"#, "invalid scenario"),
+            (br#"{"tpm":{"tokens":"20000"}}"#, "invalid scenario"),
+            (br#"{"tpm":{}}"#, "missing field `tokens`"),
+            (
+                br#"{"tpm":{"tokens":1,"window_ms":1}}"#,
+                "unknown field `window_ms`",
+            ),
+        ] {
+            let e = Scenario::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -117,6 +117,7 @@ pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
     };
     let key = providers::account_key(req);
     let forced_status = (req.method != "POST").then_some(405);
+    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let decision = lock(state).decide(
         &ReqInfo {
             method: &req.method,
@@ -124,6 +125,7 @@ pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
             key: &key,
             dialect: route.dialect,
             est_input_tokens: providers::estimate_tokens(&req.body),
+            max_output_tokens: providers::output_limit(&body),
             forced_status,
         },
         Instant::now(),
@@ -133,11 +135,15 @@ pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
         state: state.clone(),
         key,
     });
-    (respond(req, &route, &decision, forced_status), in_flight)
+    (
+        respond(req, &body, &route, &decision, forced_status),
+        in_flight,
+    )
 }
 
 fn respond(
     req: &Request,
+    body: &Value,
     route: &Route,
     decision: &Decision,
     forced_status: Option<u16>,
@@ -154,11 +160,10 @@ fn respond(
     if decision.latency_ms > 0 {
         thread::sleep(Duration::from_millis(decision.latency_ms));
     }
-    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     providers::respond(&Ctx {
         route,
         req,
-        body: &body,
+        body,
         d: decision,
     })
 }

@@ -1,5 +1,5 @@
-//! Global simulator state: the scenario, its clock, per-key sliding windows, requests in flight
-//! and the request log. Lives behind one Mutex; every provider request takes the lock once to
+//! Global simulator state: the scenario, its clock, per-key sliding windows and token buckets,
+//! requests in flight and the request log. Lives behind one Mutex; every provider request takes the lock once to
 //! decide and log, and once more (`State::finish`) when its answer is written.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -11,10 +11,12 @@ use serde_json::{json, Map, Value};
 use crate::providers;
 use crate::scenario::{Dimension, Mode, RetryStyle, Scenario};
 use crate::timefmt::unix_ms;
+use crate::tpm;
 
 /// Most request-log entries kept (counters keep counting past it; `dropped` says how many).
 pub const MAX_LOG: usize = 200_000;
-/// Completion tokens reported when the scenario does not say.
+/// Completion tokens reported when the scenario does not say (less if the request's output
+/// limit is lower).
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 5;
 /// The retry hint of a 429 for `max_concurrency`: a slot frees as soon as any request ends.
 pub const CONCURRENCY_HINT_MS: u64 = 1000;
@@ -75,6 +77,10 @@ pub enum Reason {
     WindowFull,
     /// `max_concurrency` requests of the key were already in flight.
     Concurrency,
+    /// The key's `tpm` bucket did not hold the request's count (yet).
+    TokensExhausted,
+    /// The request's count is over the `tpm` capacity: it never fits.
+    TokensTooLarge,
     /// The scenario's `mode` applies (no `limit`, mode other than `ok`).
     Mode,
     /// Not a `POST`: 405.
@@ -85,7 +91,11 @@ impl Reason {
     pub fn is_rejection(self) -> bool {
         matches!(
             self,
-            Reason::WindowFull | Reason::Concurrency | Reason::Mode
+            Reason::WindowFull
+                | Reason::Concurrency
+                | Reason::Mode
+                | Reason::TokensExhausted
+                | Reason::TokensTooLarge
         )
     }
 }
@@ -121,6 +131,8 @@ pub struct Decision {
     pub limits: Limits,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// The `tpm` count of a targeted request, and the tokens in use when it came.
+    pub tokens: Option<TokenUse>,
     pub latency_ms: u64,
     pub stream_delay_ms: u64,
     pub now_unix_ms: u64,
@@ -130,12 +142,24 @@ pub struct Decision {
     pub in_flight: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenUse {
+    /// The bucket's capacity (`tpm.tokens`).
+    pub limit: u64,
+    /// Estimated input + the output limit (or the completion the simulator will report).
+    pub counted: u64,
+    /// Capacity minus the whole tokens left, before this request.
+    pub used: u64,
+}
+
 pub struct ReqInfo<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub key: &'a str,
     pub dialect: Dialect,
     pub est_input_tokens: u64,
+    /// The output limit from the body (`providers::output_limit`), if it has a valid one.
+    pub max_output_tokens: Option<u64>,
     /// Non-POST requests to provider paths are logged but always answered 405.
     pub forced_status: Option<u16>,
 }
@@ -154,6 +178,11 @@ pub struct LogEntry {
     pub hint_ms: Option<u64>,
     /// Requests of this key in the sliding window, this one included; `None` without a window.
     pub window_count: Option<u64>,
+    /// What the `tpm` bucket counted this request as (charged only if served); `None` without
+    /// `tpm` or when not targeted.
+    pub counted_tokens: Option<u64>,
+    /// Whole tokens left in the key's `tpm` bucket after this request.
+    pub tokens_remaining: Option<u64>,
     /// Requests in flight when this one arrived, not counting itself: all keys, and this key.
     pub in_flight: u64,
     pub in_flight_key: u64,
@@ -205,6 +234,7 @@ pub struct State {
     started: Instant,
     remaining_count: Option<u64>,
     windows: HashMap<String, VecDeque<Instant>>,
+    buckets: HashMap<String, tpm::Bucket>,
     log: VecDeque<LogEntry>,
     dropped: u64,
     total: u64,
@@ -229,6 +259,7 @@ impl State {
             started: Instant::now(),
             remaining_count: None,
             windows: HashMap::new(),
+            buckets: HashMap::new(),
             log: VecDeque::new(),
             dropped: 0,
             total: 0,
@@ -244,13 +275,15 @@ impl State {
         &self.scenario
     }
 
-    /// Replaces the scenario, restarts the scenario clock and forgets windows and `count`.
+    /// Replaces the scenario, restarts the scenario clock and forgets windows, token buckets
+    /// and `count`.
     /// The request log is kept.
     pub fn set_scenario(&mut self, scenario: Scenario) {
         self.remaining_count = scenario.count;
         self.scenario = scenario;
         self.started = Instant::now();
         self.windows.clear();
+        self.buckets.clear();
     }
 
     /// Back to the default scenario with an empty log and forgotten in-flight maxima.
@@ -303,9 +336,35 @@ impl State {
             window = Some((n, admit, oldest));
         }
 
+        let usage = sc.usage.clone().unwrap_or_default();
+        let input_tokens = usage.input_tokens.unwrap_or(req.est_input_tokens);
+        let output_tokens = usage.output_tokens.unwrap_or(
+            req.max_output_tokens
+                .map_or(DEFAULT_OUTPUT_TOKENS, |m| m.min(DEFAULT_OUTPUT_TOKENS)),
+        );
+
+        // Token bucket: a targeted request's count is looked at here and charged below, only
+        // if it is served.
+        let tpm = sc.tpm.as_ref().filter(|_| targeted).map(|t| {
+            let counted = req
+                .est_input_tokens
+                .saturating_add(req.max_output_tokens.unwrap_or(output_tokens));
+            let bucket = self
+                .buckets
+                .entry(req.key.to_string())
+                .or_insert_with(|| tpm::Bucket::full(t.tokens, now));
+            let used = bucket.level(t.tokens, now).used;
+            (
+                t.tokens,
+                counted,
+                used,
+                bucket.check(t.tokens, now, counted),
+            )
+        });
+
         let in_flight = self.in_flight.now;
         let in_flight_key = self.in_flight.of(req.key);
-        // Concurrency only rejects what would otherwise succeed.
+        // Tokens and concurrency only reject what would otherwise succeed.
         let reason = if req.forced_status.is_some() {
             Reason::MethodNotAllowed
         } else if !targeted {
@@ -314,6 +373,10 @@ impl State {
             Reason::WindowFull
         } else if sc.limit.is_none() && sc.mode != Mode::Ok {
             Reason::Mode
+        } else if let Some((.., tpm::Take::Wait { .. })) = tpm {
+            Reason::TokensExhausted
+        } else if let Some((.., tpm::Take::TooLarge)) = tpm {
+            Reason::TokensTooLarge
         } else if sc.max_concurrency.is_some_and(|max| in_flight_key >= max) {
             Reason::Concurrency
         } else {
@@ -321,7 +384,9 @@ impl State {
         };
         let mut outcome = match reason {
             Reason::Ok | Reason::MethodNotAllowed => Outcome::Ok,
-            Reason::Concurrency => Outcome::RateLimited,
+            Reason::Concurrency | Reason::TokensExhausted | Reason::TokensTooLarge => {
+                Outcome::RateLimited
+            }
             Reason::WindowFull | Reason::Mode => match sc.mode {
                 Mode::Ok | Mode::RateLimited => Outcome::RateLimited,
                 Mode::Quota => Outcome::Quota,
@@ -345,18 +410,30 @@ impl State {
             }
         }
 
+        // The bucket as the answer reports it: after the charge of a served request.
+        let bucket = tpm.and_then(|(capacity, counted, _, _)| {
+            let b = self.buckets.get_mut(req.key)?;
+            if reason == Reason::Ok {
+                b.charge(capacity, now, counted);
+            }
+            Some(b.level(capacity, now))
+        });
+        let token_wait = match (reason, tpm) {
+            (Reason::TokensExhausted, Some((.., tpm::Take::Wait { wait_ms }))) => Some(wait_ms),
+            // Never fits: the time until the bucket is full is all there is to say.
+            (Reason::TokensTooLarge, _) => bucket.map(|b| b.reset_ms.max(1)),
+            _ => None,
+        };
+
         let hint_ms = if reason == Reason::Concurrency {
             CONCURRENCY_HINT_MS
         } else {
             sc.retry_after_s
                 .map(|s| (s * 1000.0).ceil() as u64)
                 .or(window.and_then(|(_, admit, _)| admit))
+                .or(token_wait)
                 .unwrap_or(1000)
         };
-
-        let usage = sc.usage.clone().unwrap_or_default();
-        let input_tokens = usage.input_tokens.unwrap_or(req.est_input_tokens);
-        let output_tokens = usage.output_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS);
 
         let rl = sc.ratelimit.clone().unwrap_or_default();
         let limit_requests = rl
@@ -375,8 +452,14 @@ impl State {
             .reset_requests_ms
             .or(window.map(|(_, _, oldest)| oldest))
             .unwrap_or(1000);
-        let limit_tokens = rl.limit_tokens.unwrap_or(100_000);
-        let reset_tokens_ms = rl.reset_tokens_ms.unwrap_or(6000);
+        let limit_tokens = rl
+            .limit_tokens
+            .or(sc.tpm.as_ref().map(|t| t.tokens))
+            .unwrap_or(100_000);
+        let reset_tokens_ms = rl
+            .reset_tokens_ms
+            .or(bucket.map(|b| b.reset_ms))
+            .unwrap_or(6000);
         let limit_input_tokens = rl.limit_input_tokens.unwrap_or(80_000);
         let limit_output_tokens = rl.limit_output_tokens.unwrap_or(20_000);
         let mut limits = Limits {
@@ -386,7 +469,8 @@ impl State {
             limit_tokens,
             remaining_tokens: rl
                 .remaining_tokens
-                .unwrap_or(limit_tokens.saturating_sub(input_tokens + output_tokens)),
+                .or(bucket.map(|b| b.remaining))
+                .unwrap_or(limit_tokens.saturating_sub(input_tokens.saturating_add(output_tokens))),
             reset_tokens_ms,
             limit_input_tokens,
             remaining_input_tokens: rl
@@ -400,13 +484,19 @@ impl State {
             reset_output_tokens_ms: reset_tokens_ms,
         };
 
-        // A concurrency 429 exhausts no rate-limit dimension: the headers stay as they are.
+        // A concurrency 429 exhausts no rate-limit dimension: the headers stay as they are. A
+        // token 429 reports the tokens dimension with the bucket's own values.
         let exhausted = match outcome {
             _ if reason == Reason::Concurrency => None,
+            _ if matches!(reason, Reason::TokensExhausted | Reason::TokensTooLarge) => {
+                Some(Dimension::Tokens)
+            }
             Outcome::RateLimited | Outcome::GeminiMinute => Some(sc.dimension.unwrap_or_default()),
             _ => None,
         };
         match exhausted {
+            Some(Dimension::Tokens)
+                if matches!(reason, Reason::TokensExhausted | Reason::TokensTooLarge) => {}
             Some(Dimension::Requests) => {
                 limits.remaining_requests = 0;
                 limits.reset_requests_ms = hint_ms;
@@ -440,6 +530,11 @@ impl State {
             limits,
             input_tokens,
             output_tokens,
+            tokens: tpm.map(|(limit, counted, used, _)| TokenUse {
+                limit,
+                counted,
+                used,
+            }),
             latency_ms: sc.latency_ms.unwrap_or(0),
             stream_delay_ms: sc.stream_delay_ms.unwrap_or(0),
             now_unix_ms,
@@ -459,6 +554,8 @@ impl State {
             decision: reason,
             hint_ms: providers::sent_hint_ms(req.dialect, &decision),
             window_count: window.map(|(n, _, _)| n),
+            counted_tokens: tpm.map(|(_, counted, _, _)| counted),
+            tokens_remaining: bucket.map(|b| b.remaining),
             in_flight,
             in_flight_key,
         });
@@ -521,6 +618,7 @@ mod tests {
             key,
             dialect: Dialect::OpenAi,
             est_input_tokens: 10,
+            max_output_tokens: None,
             forced_status: None,
         }
     }
@@ -846,5 +944,232 @@ mod tests {
         st.reset();
         assert_eq!(st.requests_json()["total"], 0);
         assert_eq!(st.scenario().mode, Mode::Ok);
+    }
+
+    /// A request counted 1,000 tokens: 10 estimated input + `max_tokens` 990.
+    fn thousand(key: &str) -> ReqInfo<'_> {
+        let mut i = info(key);
+        i.max_output_tokens = Some(990);
+        i
+    }
+
+    /// The last log entry as (decision, status, hint_ms, counted_tokens, tokens_remaining).
+    fn last_tokens(st: &State) -> (String, u64, Option<u64>, Option<u64>, Option<u64>) {
+        let doc = st.requests_json();
+        let e = doc["requests"].as_array().unwrap().last().unwrap().clone();
+        (
+            e["decision"].as_str().unwrap().to_string(),
+            e["status"].as_u64().unwrap(),
+            e["hint_ms"].as_u64(),
+            e["counted_tokens"].as_u64(),
+            e["tokens_remaining"].as_u64(),
+        )
+    }
+
+    #[test]
+    fn tpm_admits_what_fits_and_does_not_charge_rejections() {
+        let mut st = State::new(scenario(r#"{"tpm":{"tokens":20000}}"#));
+        let t0 = Instant::now();
+        let sys = SystemTime::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        for n in 1..=20u64 {
+            let d = st.decide(&thousand("k"), t0, sys);
+            assert_eq!((d.status, d.reason), (200, Reason::Ok), "request {n}");
+            assert_eq!(d.limits.limit_tokens, 20000);
+            assert_eq!(d.limits.remaining_tokens, 20000 - 1000 * n);
+            // Until full again: the tokens in use at 1/3 token per ms.
+            assert_eq!(d.limits.reset_tokens_ms, 3 * 1000 * n);
+        }
+        // The 21st does not fit: 1,000 more tokens take 3 s. It is not charged, so a second
+        // one 1.5 s later waits 1.5 s, not 4.5 s.
+        let d = st.decide(&thousand("k"), t0, sys);
+        assert_eq!((d.status, d.reason), (429, Reason::TokensExhausted));
+        assert_eq!(d.outcome, Outcome::RateLimited);
+        assert_eq!(d.exhausted, Some(Dimension::Tokens));
+        assert_eq!(d.hint_ms, 3000);
+        assert!(!d.in_flight);
+        assert_eq!(
+            d.tokens,
+            Some(TokenUse {
+                limit: 20000,
+                counted: 1000,
+                used: 20000
+            })
+        );
+        // The real bucket, not a zeroed dimension with the hint as its reset.
+        assert_eq!(
+            (d.limits.remaining_tokens, d.limits.reset_tokens_ms),
+            (0, 60000)
+        );
+        assert_eq!(
+            last_tokens(&st),
+            (
+                "tokens_exhausted".into(),
+                429,
+                Some(3000),
+                Some(1000),
+                Some(0)
+            )
+        );
+        let d = st.decide(&thousand("k"), at(1500), sys);
+        assert_eq!((d.reason, d.hint_ms), (Reason::TokensExhausted, 1500));
+        assert_eq!(
+            (d.limits.remaining_tokens, d.limits.reset_tokens_ms),
+            (500, 58500)
+        );
+        // At 3 s it fits, and takes the bucket back to empty.
+        let d = st.decide(&thousand("k"), at(3000), sys);
+        assert_eq!(d.reason, Reason::Ok);
+        assert_eq!(
+            last_tokens(&st),
+            ("ok".into(), 200, None, Some(1000), Some(0))
+        );
+        // Each key has its own bucket; a new scenario starts every bucket full.
+        assert_eq!(
+            st.decide(&thousand("other"), at(3000), sys).reason,
+            Reason::Ok
+        );
+        st.set_scenario(scenario(r#"{"tpm":{"tokens":20000}}"#));
+        let d = st.decide(&thousand("k"), Instant::now(), sys);
+        assert_eq!((d.reason, d.limits.remaining_tokens), (Reason::Ok, 19000));
+        // Without tpm nothing is counted.
+        st.set_scenario(scenario("{}"));
+        st.decide(&thousand("k"), Instant::now(), sys);
+        assert_eq!(last_tokens(&st), ("ok".into(), 200, None, None, None));
+    }
+
+    #[test]
+    fn tpm_counts_the_output_limit_or_the_completion() {
+        let now = Instant::now();
+        let sys = SystemTime::now();
+        // (scenario, max_output_tokens, counted, completion reported)
+        let rows: [(&str, Option<u64>, u64, u64); 5] = [
+            // No output limit: the completion the simulator reports (5).
+            (
+                r#"{"tpm":{"tokens":20000}}"#,
+                None,
+                10 + DEFAULT_OUTPUT_TOKENS,
+                5,
+            ),
+            // With one: all of it counts; the completion is at most the limit.
+            (r#"{"tpm":{"tokens":20000}}"#, Some(200), 210, 5),
+            (r#"{"tpm":{"tokens":20000}}"#, Some(3), 13, 3),
+            (r#"{"tpm":{"tokens":20000}}"#, Some(0), 10, 0),
+            // The scenario's usage sets the completion; the count still uses the limit.
+            (
+                r#"{"tpm":{"tokens":20000},"usage":{"input_tokens":7,"output_tokens":300}}"#,
+                Some(200),
+                210,
+                300,
+            ),
+        ];
+        for (sc, max, counted, completion) in rows {
+            let mut st = State::new(scenario(sc));
+            let mut i = info("k");
+            i.max_output_tokens = max;
+            let d = st.decide(&i, now, sys);
+            assert_eq!(d.tokens.map(|t| t.counted), Some(counted), "{sc} {max:?}");
+            assert_eq!(d.output_tokens, completion, "{sc} {max:?}");
+            assert_eq!(d.limits.remaining_tokens, 20000 - counted, "{sc} {max:?}");
+        }
+        // The usage's prompt tokens do not change the count: the estimate is the provider's.
+        let mut st = State::new(scenario(
+            r#"{"tpm":{"tokens":100},"usage":{"input_tokens":7}}"#,
+        ));
+        let d = st.decide(&info("k"), now, sys);
+        assert_eq!((d.input_tokens, d.tokens.map(|t| t.counted)), (7, Some(15)));
+    }
+
+    #[test]
+    fn tpm_too_large_never_fits_and_is_not_charged() {
+        let mut st = State::new(scenario(r#"{"tpm":{"tokens":20000}}"#));
+        let now = Instant::now();
+        let sys = SystemTime::now();
+        for max in [19_991, u64::MAX] {
+            let mut i = info("k");
+            i.max_output_tokens = Some(max);
+            let d = st.decide(&i, now, sys);
+            assert_eq!((d.status, d.reason), (429, Reason::TokensTooLarge), "{max}");
+            assert_eq!(d.tokens.map(|t| t.counted), Some(10u64.saturating_add(max)));
+            assert_eq!(d.limits.remaining_tokens, 20000);
+            // No retry header (it never fits); the log reads the reset header, which is 0.
+            assert_eq!(last_tokens(&st).2, Some(0));
+        }
+        // Exactly the capacity fits.
+        let mut i = info("k");
+        i.max_output_tokens = Some(19_990);
+        assert_eq!(st.decide(&i, now, sys).reason, Reason::Ok);
+    }
+
+    #[test]
+    fn tpm_follows_targeting_and_precedence() {
+        let now = Instant::now();
+        let sys = SystemTime::now();
+        // Only the listed keys have a bucket; rejections use `count`.
+        let mut st = State::new(scenario(
+            r#"{"tpm":{"tokens":1000},"keys":["a"],"count":1}"#,
+        ));
+        assert_eq!(st.decide(&thousand("b"), now, sys).tokens, None);
+        assert_eq!(st.decide(&thousand("b"), now, sys).reason, Reason::Ok);
+        assert_eq!(st.decide(&thousand("a"), now, sys).reason, Reason::Ok);
+        assert_eq!(
+            st.decide(&thousand("a"), now, sys).reason,
+            Reason::TokensExhausted
+        );
+        // `count` used up: no longer targeted, served and not counted.
+        let d = st.decide(&thousand("a"), now, sys);
+        assert_eq!((d.reason, d.tokens), (Reason::Ok, None));
+
+        // A full window wins, and its rejection is not charged.
+        st.set_scenario(scenario(
+            r#"{"tpm":{"tokens":2000},"limit":{"requests":1,"window_ms":60000}}"#,
+        ));
+        assert_eq!(st.decide(&thousand("c"), now, sys).reason, Reason::Ok);
+        let w = st.decide(&thousand("c"), now, sys);
+        assert_eq!(
+            (w.reason, w.limits.remaining_tokens),
+            (Reason::WindowFull, 1000)
+        );
+
+        // Tokens come before concurrency, and a concurrency rejection is not charged either.
+        st.set_scenario(scenario(r#"{"tpm":{"tokens":3000},"max_concurrency":1}"#));
+        assert_eq!(st.decide(&thousand("d"), now, sys).reason, Reason::Ok);
+        let c = st.decide(&thousand("d"), now, sys);
+        assert_eq!(
+            (c.reason, c.limits.remaining_tokens),
+            (Reason::Concurrency, 2000)
+        );
+        st.finish("d");
+        assert_eq!(st.decide(&thousand("d"), now, sys).reason, Reason::Ok);
+        st.finish("d");
+        assert_eq!(st.decide(&thousand("d"), now, sys).reason, Reason::Ok);
+        st.finish("d");
+        assert_eq!(
+            st.decide(&thousand("d"), now, sys).reason,
+            Reason::TokensExhausted
+        );
+
+        // The mode answers before the bucket is looked at.
+        st.set_scenario(scenario(r#"{"tpm":{"tokens":3000},"mode":"quota"}"#));
+        let q = st.decide(&thousand("e"), now, sys);
+        assert_eq!((q.reason, q.limits.remaining_tokens), (Reason::Mode, 3000));
+
+        // Other dialects get their own rate-limit shape (Gemini: the per-minute one).
+        st.set_scenario(scenario(r#"{"tpm":{"tokens":1000}}"#));
+        let mut g = thousand("f");
+        g.dialect = Dialect::Gemini;
+        st.decide(&g, now, sys);
+        let d = st.decide(&g, now, sys);
+        assert_eq!(
+            (d.reason, d.outcome),
+            (Reason::TokensExhausted, Outcome::GeminiMinute)
+        );
+        let mut a = thousand("g");
+        a.dialect = Dialect::Anthropic;
+        st.decide(&a, now, sys);
+        let d = st.decide(&a, now, sys);
+        assert_eq!((d.reason, d.status), (Reason::TokensExhausted, 429));
+        // Anthropic's default style: `retry-after` in whole seconds (60 s here).
+        assert_eq!(last_tokens(&st).2, Some(60000));
     }
 }
