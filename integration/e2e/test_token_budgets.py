@@ -1,5 +1,6 @@
-"""Token budgets end to end: usage read from real SDK responses (plain and streamed) through
-Envoy, charged after the response, enforced on the tenant's next request on any worker."""
+"""Token budgets charged after the response (`reserve: false`) end to end: usage read from real
+SDK responses (plain and streamed) through Envoy, enforced on the tenant's next request on any
+worker."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ TPM = {
         {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"},
     ],
     # 600 tokens a minute = 10 a second; at most 100 banked.
-    "limits": [{"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": 600, "burst": 100}],
+    # Charged after the response (reserve: false); test_reservations.py covers the default.
+    "limits": [{"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": 600, "burst": 100,
+                "reserve": False}],
     # The local answer of an exhausted budget is what these tests read; holding would wait it out.
     "hold": {"max_ms": 0},
 }
