@@ -183,6 +183,19 @@ pub struct Limit {
     pub reserve: bool,
     /// `Tokens` only: the output reserved for a request that sets no output limit.
     pub default_output_tokens: u64,
+    /// `Tokens` that reserve: what the reservation becomes when the stream ends.
+    pub settle: Settle,
+}
+
+/// What a token reservation becomes at the end of its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The usage the provider reported (the difference given back or charged), as Anthropic
+    /// adjusts its output-token limits at the end of a request.
+    Usage,
+    /// It stays what was counted at admission, as OpenAI's TPM counts a request: the larger of
+    /// the estimate and the body's characters / 4, plus its output limit, never adjusted.
+    Reservation,
 }
 
 impl Limit {
@@ -327,6 +340,7 @@ struct LimitDto {
     slot_lease_ms: Option<Deferred>,
     reserve: Option<Flag>,
     default_output_tokens: Option<Deferred>,
+    settle: Option<SettleSpec>,
 }
 
 #[derive(Deserialize)]
@@ -596,6 +610,17 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             .map_err(|reason| err(&format!("{at}.default_output_tokens"), reason))?,
         None => DEFAULT_OUTPUT_TOKENS,
     };
+    let settle = match dto.settle {
+        Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("settle")),
+        Some(_) if !reserve => {
+            return Err(err(
+                &format!("{at}.settle"),
+                "applies only when reserve is true".into(),
+            ))
+        }
+        Some(SettleSpec(s)) => s,
+        None => Settle::Usage,
+    };
     Ok(Limit {
         name,
         key,
@@ -605,6 +630,7 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
         slot_lease_ms,
         reserve,
         default_output_tokens,
+        settle,
     })
 }
 
@@ -719,6 +745,14 @@ leaf!(
 );
 
 leaf!(Text(String) = |v| v.string().map(str::to_string));
+
+leaf!(
+    SettleSpec(Settle) = |v| match v.string()? {
+        "usage" => Ok(Settle::Usage),
+        "reservation" => Ok(Settle::Reservation),
+        s => Err(format!("must be \"usage\" or \"reservation\", got {s:?}")),
+    }
+);
 
 leaf!(
     /// `retry_after.jitter`: a fraction of the provider's time.

@@ -1,5 +1,5 @@
-//! Token estimates from a request body, before the call (issue 12, step one: not yet wired into
-//! admission). One pass over the JSON, no allocation, no tokenizer: the text of every string
+//! Token estimates from a request body, before the call: what a reserving token limit takes
+//! (`limits.rs`). One pass over the JSON, no allocation, no tokenizer: the text of every string
 //! value (messages, system, contents, tools' descriptions and schemas) is counted with a
 //! heuristic shaped like the BPE tokenizers the providers use, plus the output the request
 //! allows (`max_tokens` and its dialect spellings). `bench/estimate` measures the heuristic
@@ -64,6 +64,8 @@ pub struct Estimate {
     pub max_output: Option<u64>,
     /// Where the top-level `model` string is in the body (its raw bytes, escapes and all).
     pub model: Option<(usize, usize)>,
+    /// The whole body's length in bytes.
+    pub bytes: u64,
 }
 
 impl Estimate {
@@ -72,6 +74,16 @@ impl Estimate {
     pub fn reservation(&self, default_output: u64) -> u64 {
         self.input
             .saturating_add(self.max_output.unwrap_or(default_output))
+    }
+
+    /// `reservation` with the input counted as OpenAI's rate limiter documents it, from the
+    /// character count (the body's bytes / 4) when that is more than the estimate.
+    pub fn by_characters(&self, default_output: u64) -> u64 {
+        Estimate {
+            input: self.input.max(self.bytes.div_ceil(BYTES_PER_TOKEN)),
+            ..*self
+        }
+        .reservation(default_output)
     }
 }
 
@@ -88,6 +100,7 @@ pub fn estimate(body: &[u8], total_len: usize) -> Estimate {
         },
     };
     est.input = est.input.saturating_add(beyond);
+    est.bytes = total_len.max(body.len()) as u64;
     est
 }
 

@@ -3,7 +3,7 @@
 //! held request that asks again on every tick never drains a bucket it does not use.
 
 use crate::bucket::{Bucket, Shape};
-use crate::config::LimitKind;
+use crate::config::{LimitKind, Settle};
 use crate::cooldown::{self, Gate};
 use crate::inflight::{self, Slot, Slots};
 use crate::keys;
@@ -214,11 +214,27 @@ impl Governor {
     }
 
     /// Settle the flow's token budgets with the tokens its response used: a reservation is
-    /// replaced by the usage (the difference given back or charged), a budget charged after
-    /// the response is charged it all. Once: the flow owes nothing afterwards.
+    /// replaced by the usage (the difference given back or charged) unless it settles as
+    /// reserved, a budget charged after the response is charged it all. Once: the flow owes
+    /// nothing afterwards.
     pub fn on_usage(&self, flow: &mut Flow, tokens: u64, env: &mut Env) {
+        self.settle(flow, Some(tokens), env);
+    }
+
+    /// Give every reservation back in full: the provider answered an error of its own and
+    /// counted nothing.
+    pub(crate) fn refund(&self, flow: &mut Flow, env: &mut Env) {
+        self.settle(flow, None, env);
+    }
+
+    fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
         let now = env.now_ms;
         for (i, key, reserved) in std::mem::take(&mut flow.charges) {
+            let tokens = match (usage, self.cfg.limits[i].settle) {
+                (None, _) => 0,
+                (Some(_), Settle::Reservation) if reserved > 0 => reserved,
+                (Some(used), _) => used,
+            };
             if tokens == reserved {
                 continue;
             }
@@ -243,7 +259,10 @@ impl Governor {
 /// response, or a request whose body was not read.
 fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
     match flow.estimate {
-        Some(est) if limit.reserve => est.reservation(limit.default_output_tokens),
+        Some(est) if limit.reserve => match limit.settle {
+            Settle::Usage => est.reservation(limit.default_output_tokens),
+            Settle::Reservation => est.by_characters(limit.default_output_tokens),
+        },
         _ => 0,
     }
 }

@@ -698,7 +698,7 @@ impl Governor {
     /// the flow's reservations are given back in full.
     pub fn on_upstream_error(&self, flow: &mut Flow, env: &mut Env) {
         if flow.reserves() {
-            self.on_usage(flow, 0, env);
+            self.refund(flow, env);
         }
     }
 

@@ -254,6 +254,18 @@ fn invalid_configs_name_the_field() {
             "limits[0].default_output_tokens: applies to tokens_per_minute limits only",
         ),
         (
+            r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "settle": "later"}]}"#,
+            "limits[0].settle: must be \"usage\" or \"reservation\"",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": false, "settle": "usage"}]}"#,
+            "limits[0].settle: applies only when reserve is true",
+        ),
+        (
+            r#"{"limits": [{"name": "t", "key": "pool", "requests_per_minute": 5, "settle": "usage"}]}"#,
+            "limits[0].settle: applies to tokens_per_minute limits only",
+        ),
+        (
             r#"{"limits": [{"name": "t", "key": "header:+model", "tokens_per_minute": 5}]}"#,
             "limits[0].key: must be",
         ),

@@ -321,3 +321,20 @@ fn unknown_models_share_the_overflow_bucket_past_max_keys() {
     assert_eq!(overflowed, 17);
     assert!(host.store.len() <= 3 + 2, "{}", host.store.len());
 }
+
+#[test]
+fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
+    let mut host = Host::new(&config(r#", "settle": "reservation""#));
+    let body = chat(100, Some("200"));
+    // OpenAI's limiter counts from the character count: the body's bytes / 4, when more.
+    let counted = (input_of(&body)).max((body.len() as u64).div_ceil(4)) + 200;
+    assert!(counted > input_of(&body) + 200, "prose JSON has more bytes / 4 than tokens");
+    let mut flow = host.forward_with_body(PATH, &[], &body);
+    assert_eq!(flow.charges[0].2, counted);
+    host.end_with_usage(&mut flow, 10);
+    assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
+    // An error the provider answered still gives it back: its limiter counted nothing.
+    let mut flow = host.forward_with_body(PATH, &[], &body);
+    host.with_env(|g, env| g.on_upstream_error(&mut flow, env));
+    assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
+}

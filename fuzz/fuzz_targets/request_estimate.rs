@@ -1,6 +1,7 @@
 //! `estimate::estimate` on arbitrary bodies: never panics, never loops, and what it returns is
 //! sane: a truncated read never estimates fewer tokens than the same body whole would from its
-//! length alone, the output limit is capped, and the reservation saturates instead of wrapping.
+//! length alone, the output limit is capped, the reservation saturates instead of wrapping, and
+//! the model it names is a range inside the body.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -10,6 +11,7 @@ fuzz_target!(|body: &[u8]| {
     let whole = estimate(body, body.len());
     assert!(whole.max_output.is_none_or(|m| m <= MAX_OUTPUT));
     assert!(whole.reservation(u64::MAX) == u64::MAX || whole.max_output.is_some());
+    assert!(whole.model.is_none_or(|(from, to)| from <= to && to <= body.len()));
     // Read only a prefix, as the host does past its bound: the rest is counted by length.
     let cut = body.len() / 2;
     let part = estimate(&body[..cut], body.len());
