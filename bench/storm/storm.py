@@ -3,6 +3,7 @@
     .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,overnight,replay] [--configs abcdefg]
                                           [--repeat N] [--no-plot]
     .venv/bin/python bench/storm/storm.py --scenarios issue3-failover,spendcap-failover
+    .venv/bin/python bench/storm/storm.py --scenarios tpm,tpm-full --configs ead [--duration 150]
 
 Configurations: (a) no gateway, (b) Envoy retrying 429 x3, (c) Envoy with
 rate_limited_retry_back_off, (d) LiteLLM's proxy with num_retries: 3, (e) Envoy + llm-governor
@@ -13,7 +14,11 @@ hold off (`hold.max_ms: 0`). The overnight scenario runs its own set: (e-cap) ll
 spendcap-failover) add a second provider (a second simulator) and run (e) (one provider, no
 fallback), (e-fo) llm-governor with a fallback pool on a second Envoy cluster, (d-fo) LiteLLM
 with the two providers as two deployments of one model; each of their storms gets freshly
-started gateways. `--configs` selects by letter (`e` selects e, e-cap and e-fo).
+started gateways. The token storms (issue 12: tpm, tpm-full; a provider limit of 20,000 tokens
+per minute, 30 SDK clients calling in a loop for `--duration` s) run (e-tpm) llm-governor with
+`tokens_per_minute: 20000` reserving before the call, (e-tpm-after) the same charging after the
+response (`reserve: false`), (a) and (d). `--configs` selects by letter (`e` selects e, e-cap,
+e-fo, e-tpm and e-tpm-after).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
 PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
@@ -23,6 +28,7 @@ runs, every gateway restarted for each run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -72,6 +78,21 @@ FAILOVER_COLUMNS = [
     ("p50 to completion", "p50_ms", "{:,.0f} ms"),
     ("p99 to completion", "p99_ms", "{:,.0f} ms"),
 ]
+# Token storms (issue 12): a loop of calls against a provider token budget.
+TPM_COLUMNS = [
+    ("calls", "calls", "{:.0f}"),
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed_calls", "{:.0f}"),
+    ("provider requests", "upstream_requests", "{:.0f}"),
+    ("provider token 429s", "token_429s", "{:.0f}"),
+    ("of them at t ≥ 60 s", "token_429s_after_60s", "{:.0f}"),
+    ("client-visible 429s", "client_429s", "{:.0f}"),
+    ("of them local", "client_local_429s", "{:.0f}"),
+    ("held", "held", "{:.0f}"),
+    ("overshoot (tokens)", "overshoot_tokens", "{:,.0f}"),
+    ("overshoot (requests)", "overshoot_requests", "{:.1f}"),
+    ("p50 to completion", "p50_ms", "{:,.0f} ms"),
+]
 OPTIONAL_COLUMNS = [
     ("p99 / schedule minimum", "p99_over_schedule_min", "{:.3f}"),
     ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
@@ -94,6 +115,8 @@ def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
     if any("backup_requests" in r for r in rows):
         columns = FAILOVER_COLUMNS
+    elif any("token_429s" in r for r in rows):
+        columns = TPM_COLUMNS
     else:
         columns = COLUMNS + [c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in rows)]
     by_config: dict = {}
@@ -168,6 +191,13 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup) -> 
                          f"after its first wave of {r['primary_first_wave']}; backup {r['backup_requests']} req, "
                          f"{r['backup_429s']} 429s, {r['backup_late_429s']} after its first wave of "
                          f"{r['backup_first_wave']}; {r['backup_ok']} served by backup]")
+            if "token_429s" in r:
+                print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']} of {r['calls']} calls "
+                      f"completed, {r['upstream_requests']} provider requests, {r['token_429s']} token 429s "
+                      f"({r['token_429s_after_60s']} at t >= 60 s), {r['client_local_429s']} local 429s, held "
+                      f"{r['held']}, overshoot {r['overshoot_tokens']} tokens ({r['overshoot_requests']} requests) "
+                      f"[{time.time() - t:.1f}s]", flush=True)
+                continue
             print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']}/{r['calls']} completed, "
                   f"{r['per_call']:.2f} req/call, {r['provider_429s']} provider 429s ({r['late_429s']} after "
                   f"the first wave of {r['first_wave']}), {r['client_429s']} seen by clients, "
@@ -184,6 +214,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of everything, gateways restarted each time")
     ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (b, c, e, f, g)")
     ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "storm"))
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds the looping clients of the token storms keep calling (default 150)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args()
 
@@ -194,6 +226,10 @@ def main() -> int:
         gitignore.write_text("# bench outputs are regenerated, never committed\n*\n")
 
     storms = [s for name in args.scenarios.split(",") for s in SCENARIOS[name]()]
+    if args.duration is not None:
+        storms = [dataclasses.replace(s, duration_s=args.duration, run_timeout_s=args.duration + 60,
+                                      title=s.title.replace(f"for {s.duration_s:g} s", f"for {args.duration:g} s"))
+                  if s.client_kind == "loop" else s for s in storms]
     wanted = {s.name: [k for k in s.configs if k[0] in args.configs] for s in storms}
     keys = list(dict.fromkeys(k for s in storms for k in wanted[s.name]))
     results: list = []

@@ -40,6 +40,25 @@ Failover storms (issue 9, two providers, each its own simulator and log):
   providers' 429s after their own first waves; `max_late_429s_per_round` the largest over both
   providers' rounds.
 - `primary_ok` / `backup_ok`: the 200s each provider logged, i.e. the calls each one served.
+
+Token storms (issue 12; the provider's `tpm` bucket, clients calling in a loop):
+
+- **calls**: the calls the clients made (each client calls again until the storm's duration);
+  **completed** / **failed**: those that ended in a 2xx / in an exception the SDK raised (after
+  its own retries) or the run's timeout.
+- **provider token 429s**: upstream requests the simulator rejected for tokens (`decision`
+  `tokens_exhausted` or `tokens_too_large`); **after 60 s**: those arriving at t >= 60 s, once
+  the first minute's budget is spent and only the refill is left.
+- **local 429s**: client-visible 429s the filter answered (`x-llm-governor-source` `limit` or
+  `cooldown`); **held**: the filter's `held` counter over the storm (requests it held before
+  deciding), and **held answers**: answers that carried `x-llm-governor-held-ms`.
+- **overshoot of the local budget**: every upstream request is one the gateway let through, with
+  the tokens the provider counted for it (`counted_tokens`, its input estimate + max_tokens,
+  whether it then admitted it or not). Over the arrivals t, the most that the tokens let through
+  up to t exceed the budget the local limit allows up to t, `tpm + tpm / 60 s x t` (full bucket
+  at t = 0, then the refill), floored at 0; in tokens, and in requests (divided by the median
+  `counted_tokens`). It measures the gateway against its own budget in the provider's counting:
+  the difference between the gateway's input estimate and the provider's shows in it too.
 """
 
 from __future__ import annotations
@@ -133,17 +152,18 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
     ok = [r for r in results if r.ok]
     durations = [r.end_ms - r.start_ms for r in ok]
     p99 = percentile(durations, 99)
+    calls = storm.calls or max(1, len(results))  # a loop storm makes as many calls as fit
     out: dict = {
         "scenario": storm.name,
         "title": storm.title,
         "config": config,
         "config_name": config_name,
         "clients": storm.clients,
-        "calls": storm.calls,
+        "calls": calls,
         "completed": len(ok),
-        "completion_rate": round(len(ok) / storm.calls, 3),
+        "completion_rate": round(len(ok) / calls, 3),
         "upstream_requests": len(up),
-        "per_call": round(len(up) / storm.calls, 2),
+        "per_call": round(len(up) / calls, 2),
         "provider_429s": len(rejected),
         "provider_429s_by_decision": _count(up[i].decision for i in rejected),
         "first_wave": wave,
@@ -193,6 +213,8 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
                                 None if a.retry_after_ms is None else round(a.retry_after_ms)] for a in r.attempts]
                               for r in results],
         })
+    if storm.tpm_tokens:
+        out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))
     if storm.schedule_min_ms:
         out["schedule_min_ms"] = storm.schedule_min_ms
         out["p99_over_schedule_min"] = None if p99 is None else round(p99 / storm.schedule_min_ms, 3)
@@ -206,6 +228,52 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         out["peak_100ms_in_throttled_window"] = _peak([up[i].t_ms for i in throttled])
         out["late_requests_in_throttled_window"] = sum(1 for i in throttled if i >= wave)
     return out
+
+
+TOKEN_DECISIONS = ("tokens_exhausted", "tokens_too_large")
+
+
+def overshoot(sent: list, tpm: int) -> tuple:
+    """(tokens, at_ms): the most that sum(counted) up to each arrival exceeds tpm + tpm/60 s x t,
+    floored at 0, and when. `sent`: (t_ms, counted_tokens) in arrival order."""
+    total, worst, at = 0, 0.0, None
+    for t_ms, counted in sent:
+        total += counted
+        over = total - (tpm + tpm * max(0.0, t_ms) / 60_000)
+        if over > worst:
+            worst, at = over, t_ms
+    return round(worst), at
+
+
+def token_figures(tpm: int, entries: list, t0_unix_ms: float, results: list, gateway_info: dict) -> dict:
+    """The token storm's figures (module doc), from the simulator's log of the run's key."""
+    sent = [(q["unix_ms"] - t0_unix_ms, int(q.get("counted_tokens") or 0)) for q in entries]
+    counted = sorted(c for _, c in sent if c)
+    typical = counted[len(counted) // 2] if counted else 0
+    tokens, at = overshoot(sent, tpm)
+    rejected = [t for (t, _), q in zip(sent, entries) if q.get("decision") in TOKEN_DECISIONS]
+    attempts = [a for r in results for a in r.attempts]
+    failed = [r for r in results if not r.ok]
+    admitted = [c for (_, c), q in zip(sent, entries) if q.get("decision") == "ok"]
+    return {
+        "tpm_tokens": tpm,
+        "failed_calls": len(failed),
+        "token_429s": len(rejected),
+        "token_429s_after_60s": sum(1 for t in rejected if t >= 60_000),
+        "provider_ok": len(admitted),
+        "provider_ok_tokens": sum(admitted),
+        "counted_tokens_median": typical,
+        "overshoot_tokens": tokens,
+        "overshoot_requests": round(tokens / typical, 1) if typical else 0.0,
+        "overshoot_at_ms": None if at is None else round(at, 1),
+        "held": gateway_info.get("held"),
+        "hold_expired": gateway_info.get("hold_expired"),
+        "local_reject_limit": gateway_info.get("local_reject_limit"),
+        "client_other_errors": sum(1 for a in attempts if a.status >= 400 and a.status != 429),
+        # [t_ms, status, decision, counted_tokens, tokens_remaining] per upstream request.
+        "token_log": [[round(t, 1), q["status"], q.get("decision"), c, q.get("tokens_remaining")]
+                      for (t, c), q in zip(sent, entries)],
+    }
 
 
 def _log(entries: list, t0_unix_ms: float) -> list:

@@ -161,6 +161,19 @@ class RawClient:
         self.reader = self.writer = None
 
 
+async def warm_up(clients: list) -> None:
+    """Warms every SDK client before t = 0: the SDK's first call builds its machinery and opens
+    the connection, which otherwise smears the "simultaneous" first wave over hundreds of ms.
+    GET /v1/models is a 404 at the simulator (never logged), outside the filter's pools, and
+    LiteLLM answers it itself."""
+    async def warm(c):
+        try:
+            await c.models.list()
+        except Exception:  # noqa: BLE001 - only the side effects matter
+            pass
+    await asyncio.gather(*(warm(c) for c in clients))
+
+
 class SdkClients:
     """One `openai.AsyncOpenAI` per client (max_retries=3, its own connection); each makes
     `storm.calls_per_client` calls in turn. A response hook records every answer it receives."""
@@ -186,16 +199,7 @@ class SdkClients:
         return on_response
 
     async def prepare(self) -> None:
-        """Warms every client before t = 0: the SDK's first call builds its machinery and opens
-        the connection, which otherwise smears the "simultaneous" first wave over hundreds of
-        ms. GET /v1/models is a 404 at the simulator (never logged), outside the filter's
-        pools, and LiteLLM answers it itself."""
-        async def warm(c):
-            try:
-                await c.models.list()
-            except Exception:  # noqa: BLE001 - only the side effects matter
-                pass
-        await asyncio.gather(*(warm(c) for c in self.clients))
+        await warm_up(self.clients)
         self.warming = False
 
     async def run(self, i: int, go: asyncio.Event, results: list) -> None:
@@ -209,6 +213,104 @@ class SdkClients:
             except Exception as err:  # noqa: BLE001 - every failure is a data point
                 ok, error = False, type(err).__name__
             results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+
+
+# Common English words, for prompts that read (and tokenize) like prose.
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there been one all we their has would when if so no will them who more its about "
+    "said into than out up then some what only time other could like these two may first any new now way my "
+    "over such our very even most also after made many before must through back years where much your well "
+    "should down people because each just those how too state good make world still see own men work long "
+    "here get both between life being under never day same another know while last might us great old year "
+    "off come since against go came right used take three himself few house use during without again place "
+    "around however home small found thought went say part once general high upon school every does got left "
+    "number course until always away something fact though water less public put think almost hand enough far "
+    "took head yet government system better set told nothing night end why called eyes find going look asked "
+    "later knew point next city business give group toward young let room side social given present several "
+    "order national second possible rather per face among form important often things looked early white case "
+    "become large big need four within felt along children saw best church ever least power development light "
+    "thing seemed family interest want members mind country area others done turned although open service "
+    "certain kind problem began different door thus help sense means whole matter perhaps itself times law "
+    "human line above name example action company hands local show whether five history gave today either act "
+    "feet across taken past quite anything seen having death week experience body word half really field car "
+    "words already themselves information tell together college shall money period held keep sure probably "
+    "free seems political real cannot behind question air office making brought whose special major heard "
+    "problems became study ago moment available known result street economic boy river garden morning letter"
+).split()
+
+
+def prose(chars: int, rng: random.Random) -> str:
+    """English-looking prose of about `chars` characters: sentences of 6 to 18 common words."""
+    out: list = []
+    n = 0
+    while n < chars:
+        words = rng.choices(_WORDS, k=rng.randint(6, 18))
+        sentence = " ".join(words).capitalize() + rng.choice((".", ".", ".", "?"))
+        out.append(sentence)
+        n += len(sentence) + 1
+    return " ".join(out)[:chars].rstrip() + "."
+
+
+class LoopClients:
+    """`storm.clients` clients of the official SDK (`openai.AsyncOpenAI` with its default
+    max_retries, 30 s timeout, its own connection), each calling again and again until
+    `storm.duration_s`: a chat completion with a fresh prompt of about `storm.prompt_chars`
+    characters (varied by up to 5 %) and `storm.max_tokens`. A call running at `duration_s`
+    finishes (the run's timeout aside). A response hook records every answer it receives."""
+
+    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+        import openai
+
+        self.storm, self.clock = storm, clock
+        self.warming = True
+        self.current: list = [[] for _ in range(storm.clients)]
+        self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
+        self.clients = [
+            openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, timeout=30.0,
+                http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
+            )
+            for i in range(storm.clients)
+        ]
+
+    def _hook(self, i: int):
+        async def on_response(response):
+            if not self.warming:
+                self.current[i].append(attempt_from(self.clock.now_ms(), response.status_code, response.headers))
+        return on_response
+
+    async def prepare(self) -> None:
+        await warm_up(self.clients)
+        self.warming = False
+
+    def messages(self, i: int) -> list:
+        rng = self.rng[i]
+        chars = round(self.storm.prompt_chars * rng.uniform(0.95, 1.05))
+        return [{"role": "user", "content": "Summarize the following text in one paragraph. " + prose(chars, rng)}]
+
+    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
+        await go.wait()
+        call = 0
+        while self.clock.now_ms() < self.storm.duration_s * 1000:
+            self.current[i] = attempts = []
+            messages = self.messages(i)
+            start = self.clock.now_ms()
+            try:
+                await self.clients[i].chat.completions.create(model=MODEL, messages=messages,
+                                                              max_tokens=self.storm.max_tokens)
+                ok, error = True, ""
+            except asyncio.CancelledError:
+                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts))
+                raise
+            except Exception as err:  # noqa: BLE001 - every failure is a data point
+                ok, error = False, type(err).__name__
+            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
+            call += 1
 
     async def close(self) -> None:
         for c in self.clients:
@@ -277,8 +379,9 @@ class ScheduledClients:
 async def run_clients(storm: Storm, base_url: str, api_key: str, clock: Clock,
                       on_release: Callable[[], None]) -> list:
     """Releases every client at once (on_release runs just before t = 0) and returns one
-    CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"."""
-    kind = SdkClients if storm.client_kind == "sdk" else ScheduledClients
+    CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"
+    (a "loop" storm has no fixed number of calls: only the one each client was making)."""
+    kind = {"sdk": SdkClients, "loop": LoopClients}.get(storm.client_kind, ScheduledClients)
     clients = kind(storm, base_url, api_key, clock)
     await clients.prepare()
     results: list = [[] for _ in range(storm.clients)]

@@ -28,6 +28,8 @@ LITELLM_VENV = REPO_ROOT / "bench" / ".venv-litellm"
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CAP = {"name": "cap", "key": "account", "max_in_flight": 8}
+# The TPM storm's local budget: the provider's 20,000 tokens per minute on the same account.
+TPM_LIMIT = {"name": "tpm", "key": "account", "tokens_per_minute": 20_000}
 GOVERNOR_CONFIGS = {
     "e": {"pools": POOLS},
     # Opt-in: clients are told twice the provider's time per consecutive failed cooldown round.
@@ -35,6 +37,10 @@ GOVERNOR_CONFIGS = {
     # Hold off: the old default, every request that meets a cooldown is answered locally.
     "g": {"pools": POOLS, "hold": {"max_ms": 0}},
     "e-cap": {"pools": POOLS, "limits": [CAP]},
+    # Reserves the estimated input + max_tokens before the call, settles with the usage after.
+    "e-tpm": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True)]},
+    # Admits while the bucket holds a token, charges the reported usage after the response.
+    "e-tpm-after": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=False)]},
 }
 # (e-fo): the same pool with a fallback pool (README "Failover"), reached only by steering; its
 # account is the label of the credential Envoy injects on the fallback route.
@@ -60,6 +66,8 @@ CONFIG_NAMES = {
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
+    "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve",
+    "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
 }
@@ -129,7 +137,8 @@ def retry_bootstrap(upstream_port: int, rate_limited_back_off: bool) -> dict:
 
 
 class EnvoyGateway(Gateway):
-    """(b), (c): Envoy with a retry policy; (e), (e-cap), (f), (g): Envoy with llm-governor;
+    """(b), (c): Envoy with a retry policy; (e), (e-cap), (e-tpm), (e-tpm-after), (f), (g): Envoy
+    with llm-governor;
     (e-fo): llm-governor with a fallback pool on a second cluster (needs `backup`)."""
 
     def __init__(self, key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None):

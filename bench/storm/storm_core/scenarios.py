@@ -48,6 +48,8 @@ class Storm:
     calls_per_client: int = 1
     # "sdk": the openai SDK with max_retries=3 and its own schedule.
     # "fixed": the published Strategy C schedule. "obey": retry-after-ms as the SDKs read it.
+    # "loop": the openai SDK with its default max_retries, each client calling again and again
+    # until `duration_s` (calls_per_client is then 0: the number of calls is what fits).
     client_kind: str = "sdk"
     max_attempts: int = 4
     budget_ms: Optional[float] = None
@@ -67,6 +69,14 @@ class Storm:
     # (the filter's `account`, LiteLLM's deployment key), so its cooldown or pace from the
     # storm before would carry over into this one.
     fresh_gateway: bool = False
+    # "loop" clients: how long they keep starting calls, the prompt's length in characters
+    # (varied by up to 5 % per request) and the output limit each call sends.
+    duration_s: float = 0.0
+    prompt_chars: int = 0
+    max_tokens: Optional[int] = None
+    # The provider's token-per-minute limit on the key (simulator scenario `tpm`), for the
+    # budget the TPM figures compare against.
+    tpm_tokens: Optional[int] = None
 
     @property
     def calls(self) -> int:
@@ -166,6 +176,51 @@ SPENDCAP_FAILOVER_STORM = Storm(
 )
 
 
+# Token limits (issue 12): the provider allows 20,000 tokens per minute on the key, counting
+# each request at admission as its input estimate + max_tokens (the simulator's `tpm`, as
+# OpenAI documents it); the gateway's own limit is the same 20,000, reserving before the call
+# (e-tpm) or charging the reported usage after it (e-tpm-after). 30 SDK clients call in a loop
+# for 150 s with ~3,200-character prompts and max_tokens 200: about 1,000 tokens a call, so the
+# budget is ~20 calls in the first minute and ~20 a minute after. The simulator answers with 5
+# completion tokens (its default, min(5, max_tokens)): answers much shorter than max_tokens.
+TPM_TOKENS = 20_000
+TPM_CONFIGS = ("e-tpm", "e-tpm-after", "a", "d")
+TPM = Storm(
+    name="tpm",
+    title="TPM (issue 12): 30 SDK clients in a loop for 150 s, ~3,200-char prompts, max_tokens 200, "
+          "provider 20,000 tokens/min on the key (input estimate + max_tokens), answers of 5 tokens",
+    clients=30,
+    phases=[Phase({"tpm": {"tokens": TPM_TOKENS}})],
+    client_kind="loop",
+    calls_per_client=0,
+    duration_s=150.0,
+    prompt_chars=3200,
+    max_tokens=200,
+    tpm_tokens=TPM_TOKENS,
+    configs=TPM_CONFIGS,
+    run_timeout_s=150.0 + 60.0,
+    fresh_gateway=True,
+)
+# The same with answers that use all of max_tokens: the usage the provider reports is then
+# what it counted at admission (up to its input estimate against the gateway's).
+TPM_FULL = Storm(
+    name="tpm-full",
+    title="TPM (issue 12), answers of max_tokens (200): 30 SDK clients in a loop for 150 s, "
+          "~3,200-char prompts, provider 20,000 tokens/min on the key",
+    clients=30,
+    phases=[Phase({"tpm": {"tokens": TPM_TOKENS}, "usage": {"output_tokens": 200}})],
+    client_kind="loop",
+    calls_per_client=0,
+    duration_s=150.0,
+    prompt_chars=3200,
+    max_tokens=200,
+    tpm_tokens=TPM_TOKENS,
+    configs=("e-tpm", "e-tpm-after"),  # (a) and (d) have no token budget to settle: see tpm
+    run_timeout_s=150.0 + 60.0,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -189,5 +244,7 @@ SCENARIOS = {
     "overnight": lambda: [OVERNIGHT],
     "issue3-failover": lambda: [ISSUE3_FAILOVER],
     "spendcap-failover": lambda: [SPENDCAP_FAILOVER, SPENDCAP_FAILOVER_STORM],
+    "tpm": lambda: [TPM],
+    "tpm-full": lambda: [TPM_FULL],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
