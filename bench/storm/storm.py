@@ -16,9 +16,9 @@ fallback), (e-fo) llm-governor with a fallback pool on a second Envoy cluster, (
 with the two providers as two deployments of one model; each of their storms gets freshly
 started gateways. The token storms (issue 12: tpm, tpm-full; a provider limit of 20,000 tokens
 per minute, 30 SDK clients calling in a loop for `--duration` s) run (e-tpm) llm-governor with
-`tokens_per_minute: 20000` reserving before the call, (e-tpm-after) the same charging after the
-response (`reserve: false`), (a) and (d). `--configs` selects by letter (`e` selects e, e-cap,
-e-fo, e-tpm and e-tpm-after).
+`tokens_per_minute: 20000` reserving before the call (settled with the usage), (e-tpm-resv) the
+same with `settle: "reservation"`, (e-tpm-after) charging after the response (`reserve: false`),
+(a) and (d). `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
 PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N

@@ -39,6 +39,9 @@ GOVERNOR_CONFIGS = {
     "e-cap": {"pools": POOLS, "limits": [CAP]},
     # Reserves the estimated input + max_tokens before the call, settles with the usage after.
     "e-tpm": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True)]},
+    # The same, the reservation kept as counted (input: the larger of the estimate and bytes / 4),
+    # as OpenAI's TPM counts.
+    "e-tpm-resv": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True, settle="reservation")]},
     # Admits while the bucket holds a token, charges the reported usage after the response.
     "e-tpm-after": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=False)]},
 }
@@ -66,7 +69,8 @@ CONFIG_NAMES = {
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
-    "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve",
+    "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve (settle: usage)",
+    "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
@@ -137,8 +141,8 @@ def retry_bootstrap(upstream_port: int, rate_limited_back_off: bool) -> dict:
 
 
 class EnvoyGateway(Gateway):
-    """(b), (c): Envoy with a retry policy; (e), (e-cap), (e-tpm), (e-tpm-after), (f), (g): Envoy
-    with llm-governor;
+    """(b), (c): Envoy with a retry policy; (e), (e-cap), (e-tpm), (e-tpm-resv), (e-tpm-after), (f),
+    (g): Envoy with llm-governor;
     (e-fo): llm-governor with a fallback pool on a second cluster (needs `backup`)."""
 
     def __init__(self, key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None):

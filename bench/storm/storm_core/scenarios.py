@@ -178,13 +178,14 @@ SPENDCAP_FAILOVER_STORM = Storm(
 
 # Token limits (issue 12): the provider allows 20,000 tokens per minute on the key, counting
 # each request at admission as its input estimate + max_tokens (the simulator's `tpm`, as
-# OpenAI documents it); the gateway's own limit is the same 20,000, reserving before the call
-# (e-tpm) or charging the reported usage after it (e-tpm-after). 30 SDK clients call in a loop
+# OpenAI documents it); the gateway's own limit is the same 20,000, reserving before the call and
+# settling with the usage (e-tpm) or keeping the reservation (e-tpm-resv), or charging the
+# reported usage after the response (e-tpm-after). 30 SDK clients call in a loop
 # for 150 s with ~3,200-character prompts and max_tokens 200: about 1,000 tokens a call, so the
 # budget is ~20 calls in the first minute and ~20 a minute after. The simulator answers with 5
 # completion tokens (its default, min(5, max_tokens)): answers much shorter than max_tokens.
 TPM_TOKENS = 20_000
-TPM_CONFIGS = ("e-tpm", "e-tpm-after", "a", "d")
+TPM_CONFIGS = ("e-tpm", "e-tpm-resv", "e-tpm-after", "a", "d")
 TPM = Storm(
     name="tpm",
     title="TPM (issue 12): 30 SDK clients in a loop for 150 s, ~3,200-char prompts, max_tokens 200, "
@@ -215,7 +216,7 @@ TPM_FULL = Storm(
     prompt_chars=3200,
     max_tokens=200,
     tpm_tokens=TPM_TOKENS,
-    configs=("e-tpm", "e-tpm-after"),  # (a) and (d) have no token budget to settle: see tpm
+    configs=("e-tpm", "e-tpm-resv", "e-tpm-after"),  # (a) and (d) have no token budget to settle: see tpm
     run_timeout_s=150.0 + 60.0,
     fresh_gateway=True,
 )
