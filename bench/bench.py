@@ -176,7 +176,7 @@ def upstream_config():
     # A direct_response sent before the request body is read makes Envoy close the connection;
     # buffering the (small) request first keeps upstream connections alive, as a provider does.
     buffer = {"name": "envoy.filters.http.buffer", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer", "max_request_bytes": 65536}}
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer", "max_request_bytes": 1048576}}
     return {"static_resources": {"listeners": [listener(hcm("upstream", rc, [buffer]))]}}
 
 
@@ -428,6 +428,69 @@ def send_sequential(port, n):
                 if not chunk:
                     raise RuntimeError("connection closed")
                 buf += chunk
+
+
+# Issue 12's cost target: a 100 KiB chat body under a reserving token limit (read, estimated and
+# settled) against the same body with no token limit ({}: the body is never looked at) and the
+# empty module.
+BODY_KIB = 100
+BODY_N = 300 if QUICK else 2000
+BODY_ROUNDS = 1 if QUICK else 3
+TOKENS = json.dumps({"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": NEVER}]})
+BODY_CONFIGS = [("c", "empty proxy-wasm module", "empty"), ("d", "llm-governor {}", "{}"),
+                ("t", "llm-governor, reserving token limit", TOKENS)]
+
+
+def body_request(kib):
+    words = " ".join(["The gateway reads this prompt to estimate its tokens before the call."] * (kib * 1024 // 70))
+    body = json.dumps({"model": "gpt-4o-mini", "max_tokens": 200,
+                       "messages": [{"role": "user", "content": words}]}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorization: " + ACCOUNT_KEY.encode() +
+            b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def timed_sequential(port, request, n):
+    """Latency of n requests one after another on one connection, in µs; every answer a 200."""
+    times = []
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        for _ in range(n):
+            t0 = time.perf_counter()
+            s.sendall(request)
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    head = buf[:end].decode("latin-1")
+                    m = re.search(r"content-length:\s*(\d+)", head, re.I)
+                    size = end + 4 + (int(m.group(1)) if m else 0)
+                    if len(buf) >= size:
+                        if not head.startswith("HTTP/1.1 200"):
+                            raise RuntimeError(f"expected 200, got {head.splitlines()[0]}")
+                        buf = buf[size:]
+                        break
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError("connection closed")
+                buf += chunk
+            times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def body_cost(upstream_port, results):
+    request = body_request(BODY_KIB)
+    runs = {k: [] for k, _, _ in BODY_CONFIGS}
+    pin = layout(1)[0]
+    for _ in range(BODY_ROUNDS):
+        for key, _, spec in BODY_CONFIGS:
+            envoy = start_envoy(proxy_config(upstream_port, filters_for(spec)), 1, pin)
+            try:
+                timed_sequential(envoy.port, request, 100)  # warm-up
+                t = sorted(timed_sequential(envoy.port, request, BODY_N))
+                runs[key].append({"p50_us": t[len(t) // 2], "p99_us": t[int(len(t) * 0.99)]})
+            finally:
+                close_envoy(envoy)
+    results["body_cost"] = {"kib": len(request) // 1024, "n": BODY_N, "runs": runs}
 
 
 def envoy_instructions_once(spec, upstream_port, n):
@@ -707,6 +770,22 @@ def report(results):
         for key, runs in ei.items():
             over = "" if key in ("a", "c") else f"{statistics.mean(runs) - empty:+,.0f}"
             lines.append(f"| ({key}) {labels[key]} | {', '.join(f'{r:,.0f}' for r in runs)} | {over} |")
+    bc = results.get("body_cost")
+    if bc:
+        lines.append(f"\n### A {bc['kib']} KiB request body (1 worker; {bc['n']} sequential requests on one connection"
+                     f" per round, {len(bc['runs']['c'])} rounds)\n")
+        lines.append("| config | p50 µs per round | p99 µs per round | p99 over {} (median, min–max) |")
+        lines.append("|---|---|---|---:|")
+        labels = {k: label for k, label, _ in BODY_CONFIGS}
+        for key, rs in bc["runs"].items():
+            over = ""
+            if key == "t":
+                diffs = sorted(r["p99_us"] - d["p99_us"] for r, d in zip(rs, bc["runs"]["d"]))
+                over = f"{statistics.median(diffs):+.0f} ({diffs[0]:+.0f}–{diffs[-1]:+.0f})"
+                over += f" (target < 1,000: {'met' if max(diffs) < 1000 else 'NOT met'})"
+            p50 = ", ".join(f"{r['p50_us']:.0f}" for r in rs)
+            p99 = ", ".join(f"{r['p99_us']:.0f}" for r in rs)
+            lines.append(f"| ({key}) {labels[key]} | {p50} | {p99} | {over} |")
     hp = results.get("hotpath")
     if isinstance(hp, list) and hp:
         lines.append("\n### Pure core per request (callgrind instructions; hostcalls per request by path)\n")
@@ -745,7 +824,7 @@ def main():
     global WORKDIR
     os.makedirs(OUT, exist_ok=True)
     WORKDIR = tempfile.mkdtemp(prefix="run-", dir=OUT)
-    only = os.environ.get("BENCH_ONLY", "estimate,hotpath,instructions,overhead,contention,litellm").split(",")
+    only = os.environ.get("BENCH_ONLY", "estimate,hotpath,body,instructions,overhead,contention,litellm").split(",")
     started = time.time()
     results = {"quick": QUICK, "overhead": {}, "machine": machine()}
     # The upstream gets one worker, on the load generator's core when pinning is possible.
@@ -756,6 +835,8 @@ def main():
             estimate_accuracy(results)
         if "hotpath" in only:
             hotpath(results)
+        if "body" in only:
+            body_cost(up_port, results)
         if "instructions" in only:
             envoy_instructions(up_port, results)
         if "overhead" in only:

@@ -2,9 +2,10 @@
 # `make bench`: installs what the benchmark needs (idempotently), builds llm-governor, the empty
 # proxy-wasm module and the open-loop load generator, then runs bench/bench.py.
 #   BENCH_QUICK=1     short runs (development; numbers are noisier)
-#   BENCH_ONLY=estimate,hotpath,instructions,overhead,contention,litellm   pick parts (estimate: the
+#   BENCH_ONLY=estimate,hotpath,body,instructions,overhead,contention,litellm   pick parts (estimate: the
 #                     token estimator against tiktoken's o200k_base on bench/estimate/samples*.jsonl;
-#                     hotpath: callgrind on the pure core; instructions: callgrind on Envoy itself)
+#                     hotpath: callgrind on the pure core; body: latency of a 100 KiB body under a
+#                     reserving token limit; instructions: callgrind on Envoy itself)
 #   BENCH_NO_LITELLM=1  skip installing / running LiteLLM
 # Results: bench/out/results.md (table) and bench/out/results.json (every run).
 set -euo pipefail

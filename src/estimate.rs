@@ -254,12 +254,13 @@ fn top(frames: &[(Frame, Key); MAX_DEPTH], depth: usize) -> Option<(Frame, Key)>
 /// was closed before the bytes ran out.
 fn string_end(b: &[u8], from: usize) -> (usize, bool) {
     let mut i = from;
-    while i < b.len() {
-        match b[i] {
-            b'\\' => i += 2,
-            b'"' => return (i, true),
-            _ => i += 1,
+    // The bytes that matter are rare in text: find the next one, not every byte's class.
+    while let Some(off) = b.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
+        i += off;
+        if b[i] == b'"' {
+            return (i, true);
         }
+        i += 2;
     }
     (b.len(), false)
 }
@@ -286,19 +287,25 @@ pub fn text_tokens(raw: &[u8]) -> u64 {
     let mut i = 0;
     while i < raw.len() {
         let c = raw[i];
-        if c.is_ascii_alphabetic() || (0xC0..=0xDF).contains(&c) {
+        if c == b' ' {
+            i += 1; // joins the next word
+        } else if c.is_ascii_alphabetic() || (0xC0..=0xDF).contains(&c) {
             // A word: ASCII letters and 2-byte characters (accented Latin, Greek, Cyrillic),
             // measured in characters.
             let mut chars = 0;
-            while i < raw.len() {
-                if raw[i].is_ascii_alphabetic() {
+            loop {
+                let start = i;
+                while raw.get(i).is_some_and(u8::is_ascii_alphabetic) {
                     i += 1;
-                } else if (0xC0..=0xDF).contains(&raw[i]) {
-                    i = (i + 2).min(raw.len());
-                } else {
-                    break;
                 }
-                chars += 1;
+                chars += i - start;
+                match raw.get(i) {
+                    Some(0xC0..=0xDF) => {
+                        i = (i + 2).min(raw.len());
+                        chars += 1;
+                    }
+                    _ => break,
+                }
             }
             tokens += word_tokens(chars);
         } else if c.is_ascii_digit() {
@@ -307,8 +314,6 @@ pub fn text_tokens(raw: &[u8]) -> u64 {
                 i += 1;
             }
             tokens += (i - start).div_ceil(3) as u64;
-        } else if c == b' ' {
-            i += 1; // joins the next word
         } else if c == b'\\' && i + 1 < raw.len() {
             // An escape (\n, \", \uXXXX ...) is the one character it stands for; runs of escaped
             // newlines and tabs merge like whitespace.
