@@ -328,7 +328,10 @@ fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
     let body = chat(100, Some("200"));
     // OpenAI's limiter counts from the character count: the body's bytes / 4, when more.
     let counted = (input_of(&body)).max((body.len() as u64).div_ceil(4)) + 200;
-    assert!(counted > input_of(&body) + 200, "prose JSON has more bytes / 4 than tokens");
+    assert!(
+        counted > input_of(&body) + 200,
+        "prose JSON has more bytes / 4 than tokens"
+    );
     let mut flow = host.forward_with_body(PATH, &[], &body);
     assert_eq!(flow.charges[0].2, counted);
     host.end_with_usage(&mut flow, 10);
