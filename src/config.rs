@@ -190,6 +190,9 @@ pub struct Limit {
 /// What a token reservation becomes at the end of its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
+    /// As the provider behind the request counts: `Reservation` for OpenAI and Azure OpenAI
+    /// (their TPM limiters count at admission), `Usage` for the others.
+    Auto,
     /// The usage the provider reported (the difference given back or charged), as Anthropic
     /// adjusts its output-token limits at the end of a request.
     Usage,
@@ -619,7 +622,7 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             ))
         }
         Some(SettleSpec(s)) => s,
-        None => Settle::Usage,
+        None => Settle::Auto,
     };
     Ok(Limit {
         name,
@@ -748,9 +751,12 @@ leaf!(Text(String) = |v| v.string().map(str::to_string));
 
 leaf!(
     SettleSpec(Settle) = |v| match v.string()? {
+        "auto" => Ok(Settle::Auto),
         "usage" => Ok(Settle::Usage),
         "reservation" => Ok(Settle::Reservation),
-        s => Err(format!("must be \"usage\" or \"reservation\", got {s:?}")),
+        s => Err(format!(
+            "must be \"auto\", \"usage\" or \"reservation\", got {s:?}"
+        )),
     }
 );
 

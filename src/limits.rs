@@ -3,6 +3,7 @@
 //! held request that asks again on every tick never drains a bucket it does not use.
 
 use crate::bucket::{Bucket, Shape};
+use crate::classify::Dialect;
 use crate::config::{LimitKind, Settle};
 use crate::cooldown::{self, Gate};
 use crate::inflight::{self, Slot, Slots};
@@ -230,7 +231,7 @@ impl Governor {
     fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
         let now = env.now_ms;
         for (i, key, reserved) in std::mem::take(&mut flow.charges) {
-            let tokens = match (usage, self.cfg.limits[i].settle) {
+            let tokens = match (usage, settle_of(&self.cfg.limits[i], flow)) {
                 (None, _) => 0,
                 (Some(_), Settle::Reservation) if reserved > 0 => reserved,
                 (Some(used), _) => used,
@@ -259,11 +260,24 @@ impl Governor {
 /// response, or a request whose body was not read.
 fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
     match flow.estimate {
-        Some(est) if limit.reserve => match limit.settle {
-            Settle::Usage => est.reservation(limit.default_output_tokens),
+        Some(est) if limit.reserve => match settle_of(limit, flow) {
             Settle::Reservation => est.by_characters(limit.default_output_tokens),
+            _ => est.reservation(limit.default_output_tokens),
         },
         _ => 0,
+    }
+}
+
+/// How the limit settles this flow's reservation: `auto` counts as the provider behind it
+/// does (the flow's dialect is that of the pool it is governed as, so a reservation and its
+/// settle agree).
+fn settle_of(limit: &crate::config::Limit, flow: &Flow) -> Settle {
+    match limit.settle {
+        Settle::Auto => match flow.dialect {
+            Dialect::OpenAi | Dialect::AzureOpenAi => Settle::Reservation,
+            _ => Settle::Usage,
+        },
+        s => s,
     }
 }
 

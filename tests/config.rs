@@ -255,7 +255,7 @@ fn invalid_configs_name_the_field() {
         ),
         (
             r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "settle": "later"}]}"#,
-            "limits[0].settle: must be \"usage\" or \"reservation\"",
+            "limits[0].settle: must be \"auto\", \"usage\" or \"reservation\"",
         ),
         (
             r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": false, "settle": "usage"}]}"#,

@@ -18,9 +18,15 @@ const SHAPE: Shape = Shape {
     burst: 3000,
 };
 
+/// One token limit on the pool, settled with usage unless `extra` says otherwise.
 fn config(extra: &str) -> String {
+    let settle = if extra.contains("settle") || extra.contains("reserve") {
+        ""
+    } else {
+        r#", "settle": "usage""#
+    };
     format!(
-        r#"{{"limits": [{{"name": "tpm", "key": "pool", "tokens_per_minute": 6000, "burst": 3000{extra}}}]}}"#
+        r#"{{"limits": [{{"name": "tpm", "key": "pool", "tokens_per_minute": 6000, "burst": 3000{settle}{extra}}}]}}"#
     )
 }
 
@@ -210,7 +216,8 @@ fn bad_bodies_are_estimated_safely_never_refused_for_our_parser() {
         let decision = host.request_with_body(PATH, &[], &body);
         match decision {
             RequestDecision::Forward(f) => {
-                assert_eq!(f.charges[0].2, est.reservation(1024), "{name}")
+                // An OpenAI path: counted as OpenAI's limiter does (settle auto).
+                assert_eq!(f.charges[0].2, est.by_characters(1024), "{name}")
             }
             // Only the huge output limit may not fit: it is capped at MAX_OUTPUT, which no
             // bucket of 200,000 holds, so it is refused as too large, not as unparseable.
@@ -340,4 +347,22 @@ fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
     let mut flow = host.forward_with_body(PATH, &[], &body);
     host.with_env(|g, env| g.on_upstream_error(&mut flow, env));
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
+}
+
+#[test]
+fn auto_settles_as_the_provider_behind_the_request_counts() {
+    let mut host = Host::new(&config(r#", "settle": "auto""#));
+    let body = chat(100, Some("200"));
+    let by_chars = input_of(&body).max((body.len() as u64).div_ceil(4)) + 200;
+    // OpenAI (and Azure OpenAI) count at admission and never adjust.
+    let mut openai = host.forward_with_body(PATH, &[], &body);
+    assert_eq!(openai.charges[0].2, by_chars);
+    host.end_with_usage(&mut openai, 10);
+    assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64);
+    // Anthropic adjusts to the tokens used at the end of a request.
+    let anthropic = [("anthropic-version", "2023-06-01")];
+    let mut flow = host.forward_with_body("/v1/messages", &anthropic, &body);
+    assert_eq!(flow.charges[0].2, input_of(&body) + 200);
+    host.end_with_usage(&mut flow, 10);
+    assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64 - 10);
 }

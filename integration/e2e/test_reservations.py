@@ -25,8 +25,11 @@ CONFIG = {
         {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
         {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"},
     ],
-    # 600 a minute (10 tokens a second: the bucket barely moves during a test), 3,000 banked.
-    "limits": [{"name": "tpm", "key": "header:x-tenant-id", "tokens_per_minute": 600, "burst": BURST}],
+    # 600 a minute (10 tokens a second: the bucket barely moves during a test), 3,000 banked;
+    # settled with usage whatever the provider (the default, auto, counts OpenAI requests as
+    # OpenAI's limiter does: see the last test).
+    "limits": [{"name": "tpm", "key": "header:x-tenant-id", "tokens_per_minute": 600, "burst": BURST,
+                "settle": "usage"}],
     # These tests read the local answers; holding would wait them out.
     "hold": {"max_ms": 0},
 }
@@ -143,6 +146,23 @@ def test_a_request_larger_than_the_bucket_is_refused_once_and_not_retried(govern
     assert sim.requests_for("sk-" + tenant) == []
     # The SDK made one attempt: the gateway counted no client retry.
     assert int(governor.stat(f"llm_governor.pool.{dialect}.client_retries") or 0) == 0
+
+
+def test_by_default_openai_requests_count_as_openai_does(envoy_factory, sim):
+    """settle: auto (the default): OpenAI's TPM counts a request at admission (its characters /
+    4 when more than the estimate, plus max_tokens) and never adjusts it, so the budget keeps
+    what it reserved; an Anthropic request is settled with its usage."""
+    limit = dict(CONFIG["limits"][0])
+    del limit["settle"]
+    envoy = envoy_factory(dict(CONFIG, limits=[limit]))
+    for dialect, expect_left in (("openai", BURST - 1000), ("anthropic", BURST - USAGE)):
+        tenant = new_tenant()
+        slow_upstream(sim, tenant, latency_ms=10)
+        assert call(envoy, dialect, tenant, True, 1000) is None
+        left = remaining(call(envoy, dialect, tenant, False, BURST - MAX_INPUT))
+        # OpenAI: the body's characters / 4 (the SDK's JSON is ~150 bytes) came off as well.
+        low = expect_left - (80 if dialect == "openai" else 0)
+        assert low <= left <= expect_left + 20, (dialect, left)
 
 
 class _EchoUpstream(RawUpstream):
