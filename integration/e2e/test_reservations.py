@@ -148,6 +148,30 @@ def test_a_request_larger_than_the_bucket_is_refused_once_and_not_retried(govern
     assert int(governor.stat(f"llm_governor.pool.{dialect}.client_retries") or 0) == 0
 
 
+def test_a_reservation_that_does_not_fit_is_held_until_the_refill_covers_it(envoy_factory, sim):
+    """With hold on (the default), a call whose reservation does not fit waits at the gateway
+    for the refill it lacks, then goes: no local 429, one upstream request each."""
+    fast = dict(CONFIG["limits"][0], tokens_per_minute=60_000)  # 1,000 tokens a second
+    envoy = envoy_factory(dict(CONFIG, limits=[fast], hold={}))
+    tenant = new_tenant()
+    slow_upstream(sim, tenant, latency_ms=2000)
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault("err", call(envoy, "openai", tenant, False, 2000)))
+    t.start()
+    time.sleep(0.3)
+    # ~2,020 of 3,000 are reserved by the call upstream: this one lacks ~1,040, ~1 s of refill.
+    client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="sk-" + tenant, max_retries=0, timeout=30,
+                           default_headers={"x-tenant-id": tenant})
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", max_tokens=2000, messages=[{"role": "user", "content": "Say hi to the gateway."}])
+    held_ms = int(raw.headers["x-llm-governor-held-ms"])
+    assert 600 <= held_ms <= 1300, held_ms
+    t.join(10)
+    assert first["err"] is None
+    assert [q["status"] for q in sim.requests_for("sk-" + tenant)] == [200, 200]
+    assert int(envoy.stat("llm_governor.pool.openai.local_reject_limit") or 0) == 0
+
+
 def test_by_default_openai_requests_count_as_openai_does(envoy_factory, sim):
     """settle: auto (the default): OpenAI's TPM counts a request at admission (its characters /
     4 when more than the estimate, plus max_tokens) and never adjusts it, so the budget keeps
