@@ -567,7 +567,7 @@ def test_without_stop_iteration_the_worker_stops_holding_for_a_minute_and_counts
     again = quota_429()
     assert 0.9 <= again < 3.0, f"not held again after the minute: {again:.2f} s"
     assert counter(envoy, "openai", "body_unavailable") == 2
-    warnings = [line for line in envoy.log().splitlines() if "held error body never arrived" in line]
+    warnings = [line for line in envoy.log().splitlines() if "held body never arrived" in line]
     assert len(warnings) == 1, warnings
 
 

@@ -172,6 +172,23 @@ def test_a_reservation_that_does_not_fit_is_held_until_the_refill_covers_it(envo
     assert int(envoy.stat("llm_governor.pool.openai.local_reject_limit") or 0) == 0
 
 
+def test_without_stop_iteration_a_reserving_limit_costs_one_second_a_minute_not_every_request(envoy_factory, sim):
+    """Without allow_on_headers_stop_iteration Envoy delivers no body to a paused filter: the
+    first request waits BODY_WAIT_MS (1 s) for it, then the worker stops reading bodies for a
+    minute (its token limits charge after the response), logs it once and counts it."""
+    envoy = envoy_factory(CONFIG, allow_on_headers_stop_iteration=False, concurrency=1)
+    tenant = new_tenant()
+    took = []
+    for _ in range(4):
+        started = time.monotonic()
+        assert call(envoy, "openai", tenant, False, 100) is None
+        took.append(time.monotonic() - started)
+    assert 0.9 <= took[0] <= 3.0, took
+    assert max(took[1:]) < 0.5, took
+    assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 1
+    assert len(sim.requests_for("sk-" + tenant)) == 4
+
+
 def test_by_default_openai_requests_count_as_openai_does(envoy_factory, sim):
     """settle: auto (the default): OpenAI's TPM counts a request at admission (its characters /
     4 when more than the estimate, plus max_tokens) and never adjusts it, so the budget keeps

@@ -68,12 +68,15 @@ enum Wait {
     RequestBody(BodyRead),
 }
 
-/// A request paused for its body: its flow, hold budget and declared length.
+/// A request paused for its body: its flow, hold budget and declared length, and whether
+/// any of the body has reached the filter (until then it waits `BODY_WAIT_MS`: without
+/// `allow_on_headers_stop_iteration` Envoy delivers none).
 struct BodyRead {
     flow: Flow,
     budget_ms: u64,
     content_length: usize,
     until_ms: u64,
+    seen: bool,
 }
 
 impl Wait {
@@ -165,10 +168,21 @@ impl Shared {
         })
     }
 
-    fn is_reading_body(&self, context_id: u32) -> bool {
-        self.waits
-            .try_borrow()
-            .is_ok_and(|m| matches!(m.get(&context_id), Some(Wait::RequestBody(_))))
+    /// Whether the request's body is still being read; the first part of it to arrive gives
+    /// the rest `REQUEST_BODY_WAIT_MS`.
+    fn is_reading_body(&self, context_id: u32, now: u64) -> bool {
+        let Ok(mut map) = self.waits.try_borrow_mut() else {
+            return false;
+        };
+        match map.get_mut(&context_id) {
+            Some(Wait::RequestBody(read)) => {
+                if !std::mem::replace(&mut read.seen, true) {
+                    read.until_ms = now + REQUEST_BODY_WAIT_MS;
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     fn is_waiting_for_request_body(&self, context_id: u32) -> bool {
@@ -282,7 +296,10 @@ impl Shared {
                     send_reply(&reply);
                 }
                 Wait::RequestBody(read) => {
-                    // The body is slow (or body callbacks never come): admit on what arrived.
+                    // The body is slow, or body callbacks never come: admit on what arrived.
+                    if !read.seen {
+                        self.body_never_came(&read.flow, now);
+                    }
                     let size = abi::buffer(BufferType::HttpRequestBody, 0, estimate::MAX_BODY)
                         .map_or(0, |b| b.len());
                     match self.admit_read(id, read, size, now) {
@@ -325,9 +342,10 @@ impl Shared {
         });
         if !self.warned_body_unavailable.replace(true) {
             log::warn!(
-                "llm_governor: a held error body never arrived; answering from status and headers alone \
-                 for a minute. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
-                 quota errors can be told from rate limits"
+                "llm_governor: a held body never arrived; for a minute, errors are classified from \
+                 status and headers alone and token limits charge after the response instead of \
+                 reserving. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
+                 quota errors can be told from rate limits and requests can be estimated"
             );
         }
     }
@@ -687,7 +705,7 @@ impl HttpContext for Filter {
         let shared = self.shared.clone();
         let id = self.context_id;
         let g = &shared.governor;
-        if g.reads_body() && !end_of_stream {
+        if g.reads_body() && !end_of_stream && shared.body_callbacks_expected(now) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             let read = BodyRead {
                 flow: g.flow_for(&view),
@@ -697,7 +715,8 @@ impl HttpContext for Filter {
                     .get_str("content-length")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
-                until_ms: now + REQUEST_BODY_WAIT_MS,
+                until_ms: now + BODY_WAIT_MS,
+                seen: false,
             };
             shared.wait(id, Wait::RequestBody(read));
             self.reading_body = true;
@@ -716,7 +735,7 @@ impl HttpContext for Filter {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.reading_body {
-            let waiting = self.shared.is_reading_body(self.context_id);
+            let waiting = self.shared.is_reading_body(self.context_id, abi::now_ms());
             if waiting && !end_of_stream && body_size < estimate::MAX_BODY {
                 return Action::Pause; // Envoy buffers what arrived
             }
