@@ -195,6 +195,8 @@ pub struct Governor {
     pub(crate) pool_ids: Vec<u64>,
     /// Some limit reserves tokens or is keyed by model: the request body is read.
     reads_body: bool,
+    /// Some limit is keyed by model: the path is searched for one.
+    keys_by_model: bool,
 }
 
 impl Governor {
@@ -204,13 +206,20 @@ impl Governor {
             .iter()
             .map(|p| keys::fnv1a64(p.name.as_bytes()))
             .collect();
-        let reads_body = cfg.limits.iter().any(|l| {
-            (l.kind == LimitKind::Tokens && l.reserve) || matches!(l.key, LimitKey::Model { .. })
-        });
+        let keys_by_model = cfg
+            .limits
+            .iter()
+            .any(|l| matches!(l.key, LimitKey::Model { .. }));
+        let reads_body = keys_by_model
+            || cfg
+                .limits
+                .iter()
+                .any(|l| l.kind == LimitKind::Tokens && l.reserve);
         Governor {
             cfg,
             pool_ids,
             reads_body,
+            keys_by_model,
         }
     }
 
@@ -253,7 +262,10 @@ impl Governor {
                 })
             })
             .collect();
-        let model_id = keys::model_in_path(req.path).map_or(keys::NO_MODEL, keys::fnv1a64);
+        let model_id = match self.keys_by_model {
+            true => keys::model_in_path(req.path).map_or(keys::NO_MODEL, keys::fnv1a64),
+            false => keys::NO_MODEL,
+        };
         let dialect = self.cfg.pools[pool]
             .dialect
             .resolve_for_request(req.path, &req.headers);
