@@ -189,6 +189,26 @@ def test_without_stop_iteration_a_reserving_limit_costs_one_second_a_minute_not_
     assert len(sim.requests_for("sk-" + tenant)) == 4
 
 
+def test_per_model_keys_from_the_body_and_the_azure_path(envoy_factory, sim):
+    """key: model gives each model its own bucket: the body's model (OpenAI SDK), Azure's
+    deployment from the path."""
+    cfg = dict(CONFIG, limits=[{"name": "per-model", "key": "model", "requests_per_minute": 1}])
+    envoy = envoy_factory(cfg)
+    client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="sk-" + new_tenant(), max_retries=0)
+    ask = {"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    client.chat.completions.create(model="gpt-4o", **ask)
+    client.chat.completions.create(model="gpt-4o-mini", **ask)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model="gpt-4o", **ask)
+    assert refused.value.response.headers["ratelimit-policy"] == '"per-model";q=1;w=60'
+    azure = openai.AzureOpenAI(azure_endpoint=envoy.url, api_key="sk-" + new_tenant(), api_version="2024-10-21",
+                               max_retries=0)
+    # The deployment names the model (the body's "model" is whatever the client put there).
+    azure.chat.completions.create(model="prod-4o", **ask)
+    with pytest.raises(openai.RateLimitError):
+        azure.chat.completions.create(model="prod-4o", **ask)
+
+
 def test_by_default_openai_requests_count_as_openai_does(envoy_factory, sim):
     """settle: auto (the default): OpenAI's TPM counts a request at admission (its characters /
     4 when more than the estimate, plus max_tokens) and never adjusts it, so the budget keeps
