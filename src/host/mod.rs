@@ -145,15 +145,20 @@ impl Shared {
     }
 
     /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
-    /// bytes Envoy buffered (`body_size` in all so far), then the same step as any request.
-    fn admit_read(&self, id: u32, read: BodyRead, body_size: usize, now: u64) -> Option<Step> {
-        let prefix = abi::buffer(
-            BufferType::HttpRequestBody,
-            0,
-            body_size.min(estimate::MAX_BODY),
-        )
-        .unwrap_or_default();
-        let total = body_size.max(read.content_length);
+    /// bytes Envoy buffered (`body_size` in all so far, when a body callback said; else what
+    /// the buffer holds), then the same step as any request.
+    fn admit_read(
+        &self,
+        id: u32,
+        read: BodyRead,
+        body_size: Option<usize>,
+        now: u64,
+    ) -> Option<Step> {
+        let bound = body_size
+            .unwrap_or(estimate::MAX_BODY)
+            .min(estimate::MAX_BODY);
+        let prefix = abi::buffer(BufferType::HttpRequestBody, 0, bound).unwrap_or_default();
+        let total = body_size.unwrap_or(prefix.len()).max(read.content_length);
         let BodyRead {
             mut flow,
             budget_ms,
@@ -300,9 +305,7 @@ impl Shared {
                     if !read.seen {
                         self.body_never_came(&read.flow, now);
                     }
-                    let size = abi::buffer(BufferType::HttpRequestBody, 0, estimate::MAX_BODY)
-                        .map_or(0, |b| b.len());
-                    match self.admit_read(id, read, size, now) {
+                    match self.admit_read(id, read, None, now) {
                         Some(Step::Go(flow)) => self.resume(id, flow, now),
                         Some(Step::Held) => self.mark_held(id, false),
                         Some(Step::Reply(_, reply)) => {
@@ -745,7 +748,7 @@ impl HttpContext for Filter {
                     let now = abi::now_ms();
                     let step = self
                         .shared
-                        .admit_read(self.context_id, read, body_size, now);
+                        .admit_read(self.context_id, read, Some(body_size), now);
                     return self.take_step(step, end_of_stream, body_size, now);
                 }
                 // The tick admitted it on what had arrived (the body was slow): it may be held.
@@ -775,10 +778,8 @@ impl HttpContext for Filter {
             match self.shared.take_body_read(self.context_id) {
                 Some(read) => {
                     let now = abi::now_ms();
-                    let size = abi::buffer(BufferType::HttpRequestBody, 0, estimate::MAX_BODY)
-                        .map_or(0, |b| b.len());
-                    let step = self.shared.admit_read(self.context_id, read, size, now);
-                    return self.take_step(step, true, size, now);
+                    let step = self.shared.admit_read(self.context_id, read, None, now);
+                    return self.take_step(step, true, estimate::MAX_BODY, now);
                 }
                 None => self.held = true,
             }
