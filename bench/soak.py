@@ -8,7 +8,8 @@ Traffic, all at once, for SOAK_SECONDS (default 600):
 - rotating tenants: a per-tenant request limit keyed on a fresh tenant id per request, far past
   `max_keys`, so the overflow bucket is exercised;
 - a `max_in_flight` cap on the account with a provider latency, so callers wait for slots;
-- disconnects: clients that send a request and close the socket while it is held or upstream;
+- disconnects: clients that send a request and close the socket while it is held or upstream,
+  or halfway through sending its body (while the filter reads it for the token budget);
 - streaming: SSE responses read to the end, and some abandoned half way.
 
 At the end, after the traffic stops and a short drain:
@@ -57,6 +58,9 @@ CONFIG = {
     "limits": [
         {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 600, "burst": 20},
         {"name": "cap", "key": "account", "max_in_flight": 16},
+        # Issue 12: a reserving token budget (every request's body is read before admission)
+        # settled with the simulator's usage.
+        {"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": 6_000_000, "settle": "usage"},
     ],
 }
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
@@ -92,13 +96,14 @@ class Load:
         finally:
             conn.close()
 
-    def leaver(self) -> None:
-        """Send a request and go away before the answer."""
+    def leaver(self, half: bool) -> None:
+        """Send a request (or only half its body) and go away before the answer."""
         data = json.dumps(CHAT).encode()
         try:
             s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                      + f"authorization: Bearer {KEY}\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
+                      + f"authorization: Bearer {KEY}\r\ncontent-length: {len(data)}\r\n\r\n".encode()
+                      + data[: len(data) // 2 if half else len(data)])
             time.sleep(random.uniform(0.05, 1.5))
             s.close()
             self.count("left")
@@ -110,7 +115,7 @@ class Load:
         while time.monotonic() < self.until:
             roll = rng.random()
             if roll < 0.1:
-                self.leaver()
+                self.leaver(half=roll < 0.03)
             else:
                 self.request(CHAT, tenant=roll < 0.5, stream=roll > 0.8, abandon=roll > 0.95)
 
