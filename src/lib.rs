@@ -13,6 +13,7 @@ pub mod headers;
 pub mod hold;
 pub mod inflight;
 pub mod keys;
+pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod policy;

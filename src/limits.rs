@@ -8,12 +8,18 @@ use crate::config::{LimitKind, Settle};
 use crate::cooldown::{self, Gate};
 use crate::inflight::{self, Slot, Slots};
 use crate::keys;
+use crate::lease;
 use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
 use crate::store::{self, UpdateError};
 
-/// Something a request took from a limit, to give back if a later limit refuses it: (limit
-/// index, bucket key, tokens).
-struct Taken(usize, String, u64);
+/// Something a request took from a limit, to give back if a later limit refuses it.
+struct Taken {
+    limit: usize,
+    key: String,
+    tokens: u64,
+    /// From the worker's lease of this key id, not from shared data.
+    leased: Option<u64>,
+}
 
 impl Governor {
     /// Take every limit of the flow, or none. Shared-data failures admit (fail-open) and count
@@ -24,9 +30,30 @@ impl Governor {
         let mut slots = Vec::new();
         for (i, limit) in self.cfg.limits.iter().enumerate() {
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
-            // The read that tells whether the key exists is the first read of the update.
-            let (key, known) = self.limit_key(i, key_id, flow.pool, env);
             let now = env.now_ms;
+            let key = if holds_slot(limit.kind) {
+                keys::slots_key(&limit.name, key_id)
+            } else {
+                keys::bucket_key(&limit.name, key_id)
+            };
+            // What an expired lease of this worker left goes back in this update.
+            let mut unspent = 0;
+            if limit.kind == LimitKind::Requests {
+                match self.leases.spend((i, key_id), now) {
+                    Ok(()) => {
+                        taken.push(Taken {
+                            limit: i,
+                            key,
+                            tokens: 1,
+                            leased: Some(key_id),
+                        });
+                        continue;
+                    }
+                    Err(left) => unspent = left,
+                }
+            }
+            // The read that tells whether the key exists is the first read of the update.
+            let (key, known, own) = self.existing_or_overflow(i, key, flow.pool, env);
             // What the request takes from a bucket: one request, its token reservation, or
             // nothing (a budget charged after the response only needs a token left).
             let amount = match limit.kind {
@@ -41,24 +68,41 @@ impl Governor {
                     tokens: amount,
                 });
             }
+            // A request bucket of the key's own, far from empty, lends this worker a lease.
+            let may_lease = limit.kind == LimitKind::Requests && own;
+            let mut leased = 0;
             let outcome = match limit.kind {
                 LimitKind::Requests | LimitKind::Tokens => {
                     let shape = limit.shape();
                     update_bucket(env, &key, known, shape, |b| {
                         if amount == 0 {
-                            return (None, b.check(shape, now, 1));
+                            return (None, (b.check(shape, now, 1), 0));
                         }
+                        let stored = b;
+                        let b = if unspent > 0 {
+                            b.give(shape, now, unspent)
+                        } else {
+                            b
+                        };
                         let (after, take) = b.take(shape, now, amount);
-                        ((after != b).then_some(after), take)
+                        if may_lease && take.admitted {
+                            let (rest, lease) = after.take(shape, now, lease::LEASE - 1);
+                            if lease.admitted && lease.remaining >= lease::FLOOR {
+                                return (Some(rest), (take, lease::LEASE - 1));
+                            }
+                        }
+                        ((after != stored).then_some(after), (take, 0))
                     })
                     .map(|u| {
-                        if u.value.admitted {
+                        let (take, lease) = u.value;
+                        leased = lease;
+                        if take.admitted {
                             Ok(())
                         } else {
                             Err(Blocked::Bucket {
                                 limit: i,
-                                wait_ms: u.value.wait_ms,
-                                remaining: u.value.remaining,
+                                wait_ms: take.wait_ms,
+                                remaining: take.remaining,
                             })
                         }
                     })
@@ -98,17 +142,21 @@ impl Governor {
                 }
                 Err(e) => self.store_failed(flow.pool, &key, &e, env),
             }
+            if leased > 0 {
+                self.leases.put((i, key_id), leased, now);
+            }
             // A give-up admitted without taking: nothing to give back, nothing reserved.
             let taken_amount = if took { amount } else { 0 };
-            match limit.kind {
-                LimitKind::Requests if took => taken.push(Taken(i, key, 1)),
-                LimitKind::Requests | LimitKind::InFlight => {}
-                LimitKind::Tokens => {
-                    if taken_amount > 0 {
-                        taken.push(Taken(i, key.clone(), taken_amount));
-                    }
-                    charges.push((i, key, taken_amount));
-                }
+            if taken_amount > 0 && limit.kind != LimitKind::InFlight {
+                taken.push(Taken {
+                    limit: i,
+                    key: key.clone(),
+                    tokens: taken_amount,
+                    leased: None,
+                });
+            }
+            if limit.kind == LimitKind::Tokens {
+                charges.push((i, key, taken_amount));
             }
         }
         if !slots.is_empty() {
@@ -145,25 +193,23 @@ impl Governor {
         })
     }
 
-    /// The shared-data key of (limit, key id), and its value when it exists; past `max_keys`,
-    /// the limit's overflow key.
-    fn limit_key(
+    /// `key` and its value when it exists, or room for it under `max_keys`, with `true`;
+    /// past `max_keys`, the limit's overflow key and `false`.
+    fn existing_or_overflow(
         &self,
         limit: usize,
-        key_id: u64,
+        key: String,
         pool: usize,
         env: &mut Env,
-    ) -> (String, Option<(Vec<u8>, u32)>) {
-        let l = &self.cfg.limits[limit];
-        let key = if holds_slot(l.kind) {
-            keys::slots_key(&l.name, key_id)
-        } else {
-            keys::bucket_key(&l.name, key_id)
-        };
+    ) -> (String, Option<(Vec<u8>, u32)>, bool) {
         match env.store.get(&key) {
-            Ok(Some(known)) => (key, Some(known)),
-            _ if self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) => (key, None),
-            _ => (keys::overflow_bucket_key(&l.name), None),
+            Ok(Some(known)) => (key, Some(known), true),
+            _ if self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) => (key, None, true),
+            _ => (
+                keys::overflow_bucket_key(&self.cfg.limits[limit].name),
+                None,
+                false,
+            ),
         }
     }
 
@@ -174,8 +220,13 @@ impl Governor {
         pool: usize,
         env: &mut Env,
     ) {
-        for Taken(i, key, amount) in taken {
-            let shape = self.cfg.limits[i].shape();
+        for t in taken {
+            if let Some(key_id) = t.leased {
+                self.leases.give((t.limit, key_id));
+                continue;
+            }
+            let (key, amount) = (t.key, t.tokens);
+            let shape = self.cfg.limits[t.limit].shape();
             let now = env.now_ms;
             if let Err(e) = update_bucket(env, &key, None, shape, |b| {
                 (Some(b.give(shape, now, amount)), ())

@@ -197,6 +197,8 @@ pub struct Governor {
     reads_body: bool,
     /// Some limit is keyed by model: the path is searched for one.
     keys_by_model: bool,
+    /// This worker's leases of request tokens (`lease.rs`).
+    pub(crate) leases: crate::lease::Leases,
 }
 
 impl Governor {
@@ -220,7 +222,13 @@ impl Governor {
             pool_ids,
             reads_body,
             keys_by_model,
+            leases: crate::lease::Leases::default(),
         }
+    }
+
+    /// This worker's leases of request tokens.
+    pub fn leases(&self) -> &crate::lease::Leases {
+        &self.leases
     }
 
     /// Whether the request body must be read before admission: only when some limit reserves

@@ -391,7 +391,10 @@ fn contention_on_a_hot_key_loses_no_update() {
     let run = hammer(&gov, &store, &clock, "t", 4, 2_000, false);
     assert_eq!(run.admitted, 8_000);
     let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
-    let taken = (1 + 8_000 - run.contended) as i64;
+    // The four threads share one governor, so one worker's leases (lease.rs): what they hold
+    // or dropped unspent was taken from the bucket too.
+    let stock = gov.leases().unspent();
+    let taken = (1 + 8_000 - run.contended) as i64 + stock as i64;
     // Every completed take is reflected exactly once (no lost update under CAS), and the
     // refill is exact: 50 units (1/60000 of a token) per ms between the bucket's creation
     // (the first request, at T0) and its latest write.
@@ -404,4 +407,99 @@ fn contention_on_a_hot_key_loses_no_update() {
         store.conflicts.load(Ordering::SeqCst),
         run.contended
     );
+}
+
+#[test]
+fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
+    // Four workers (four governors: four lease maps) on one bucket of 2,000 that does not
+    // refill during the test: leases are taken while it is far from empty, one CAS a request
+    // near the end. Every worker sends until refused: the bucket admits exactly 2,000.
+    let limit = r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#;
+    let workers: Vec<Governor> = (0..4).map(|_| governor(limit)).collect();
+    let store = Observed::default();
+    let clock = Clock::new();
+    assert!(request(
+        &workers[0],
+        &store,
+        &mut Recorded::default(),
+        &clock,
+        "t"
+    ));
+    let admitted: Vec<usize> = std::thread::scope(|s| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|gov| {
+                let (store, clock) = (&store, &clock);
+                s.spawn(move || {
+                    let mut metrics = Recorded::default();
+                    let mut n = 0;
+                    while request(gov, store, &mut metrics, clock, "t") {
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The test clock moves 1 ms a request: some leases expire with tokens left, which were
+    // taken from the bucket and are never spent (fewer admitted, never more).
+    let unspent: u64 = workers.iter().map(|g| g.leases().unspent()).sum();
+    assert_eq!(
+        1 + admitted.iter().sum::<usize>() as u64 + unspent,
+        2000,
+        "{admitted:?}"
+    );
+    assert!(
+        unspent <= 4 * 4 * (llm_governor::lease::LEASE - 1),
+        "{unspent}"
+    );
+    // Far fewer writes than requests: most requests spent a lease.
+    let writes = store.writes.load(Ordering::SeqCst);
+    assert!(writes < 2000 / 2, "{writes} writes for 2000 requests");
+}
+
+#[test]
+fn near_empty_every_request_is_one_compare_and_swap() {
+    // A bucket below the lease floor never lends: the e2e budget tests' burst 5 stays exact.
+    let gov =
+        governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 500}"#);
+    let store = Observed::default();
+    let clock = Clock::new();
+    for _ in 0..20 {
+        assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+    }
+    assert_eq!(
+        gov.leases()
+            .left((0, keys::fnv1a64(b"default")), clock.now()),
+        0
+    );
+    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    assert_eq!(b.level / 3_000_000, 480);
+}
+
+#[test]
+fn what_an_expired_lease_left_goes_back_with_the_next_take() {
+    // A tenant sending less than a lease a second: each lease expires with tokens left, and
+    // the next request's compare-and-swap gives them back, so the bucket only loses what was
+    // used.
+    let gov =
+        governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#);
+    let store = Observed::default();
+    let clock = Clock::new();
+    for _ in 0..10 {
+        assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+        for _ in 0..llm_governor::lease::LEASE_MS {
+            clock.now(); // a second passes
+        }
+    }
+    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    let held = gov.leases().unspent();
+    assert_eq!(
+        held,
+        llm_governor::lease::LEASE - 1,
+        "the last lease, still held"
+    );
+    // 10 used, 7 held by the last lease; the refill over the test's ~10 s is < 1 token.
+    assert_eq!(b.level / 3_000_000, 2000 - 10 - 7);
 }

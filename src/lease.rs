@@ -1,0 +1,175 @@
+//! Worker-local leases of request tokens, for buckets far from empty: one compare-and-swap
+//! takes `LEASE` tokens, the request spends one, and the worker's next requests of that key
+//! spend the rest without touching shared data (each shared-data read and write crosses into
+//! Envoy and its process-wide lock).
+//!
+//! Exactness at the edge is kept: a lease is taken only when the bucket still holds at least
+//! `FLOOR` tokens after it (a lease for each of 64 workers), so near empty every request is one
+//! compare-and-swap, as before. Leased tokens were taken from the shared bucket, so the total
+//! admitted never exceeds the total the bucket gave. A leased token is spent within `LEASE_MS`
+//! of the take; what is left then goes back to the bucket in the key's next compare-and-swap
+//! (which that request makes anyway), so a tenant sending a few requests a second does not
+//! drain its bucket by leases it cannot use. What a lease changes is only when a token is
+//! spent: a burst that follows a refill can exceed the bucket by what the workers hold, at
+//! most `LEASE - 1` each per key, and only for a bucket that was `FLOOR` tokens from empty
+//! moments before.
+
+use std::sync::Mutex;
+
+/// Tokens one compare-and-swap takes when the bucket is far from empty.
+pub const LEASE: u64 = 8;
+/// The bucket level (in whole tokens, after the lease) below which no lease is taken.
+pub const FLOOR: u64 = 64 * LEASE;
+/// How long leased tokens may be spent.
+pub const LEASE_MS: u64 = 1000;
+/// Leases a worker holds at once: a direct-mapped table (a key whose slot another key holds
+/// replaces it, dropping what was left: fewer admitted, never more).
+const SLOTS: usize = 256;
+
+/// (limit index, key id): the bucket a lease came from.
+pub type Key = (usize, u64);
+
+/// One worker's leases. A Mutex only so a `Governor` may be shared by test threads; a
+/// worker's VM is single-threaded and never contends for it.
+pub struct Leases {
+    table: Mutex<Vec<Option<Lease>>>,
+    /// Leased tokens dropped unspent (expired, or their slot taken by another key).
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct Lease {
+    key: Key,
+    left: u64,
+    until_ms: u64,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases {
+            table: Mutex::new(vec![None; SLOTS]),
+            dropped: Default::default(),
+        }
+    }
+}
+
+fn slot((limit, id): Key) -> usize {
+    (id ^ (limit as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize % SLOTS
+}
+
+impl Leases {
+    /// Spend one leased token of `key`, if a live lease has one (`Ok`); else `Err(n)`: the `n`
+    /// tokens an expired lease left, taken out of it, for the caller to give back to the
+    /// shared bucket in its compare-and-swap.
+    pub fn spend(&self, key: Key, now_ms: u64) -> Result<(), u64> {
+        self.with(key, |l| match l {
+            Some(l) if l.left > 0 && now_ms < l.until_ms => {
+                l.left -= 1;
+                Ok(())
+            }
+            Some(l) => Err(std::mem::take(&mut l.left)),
+            None => Err(0),
+        })
+    }
+
+    /// Give back one token spent from `key`'s lease (a later limit refused the request).
+    pub fn give(&self, key: Key) {
+        self.with(key, |l| {
+            if let Some(l) = l {
+                l.left += 1;
+            }
+        });
+    }
+
+    /// Keep `tokens` taken from the shared bucket of `key` to spend until `now_ms + LEASE_MS`.
+    pub fn put(&self, key: Key, tokens: u64, now_ms: u64) {
+        let i = slot(key);
+        let Ok(mut table) = self.table.lock() else {
+            return;
+        };
+        let until_ms = now_ms.saturating_add(LEASE_MS);
+        table[i] = match table[i] {
+            // A worker leases only once its lease is spent or expired; only threads sharing
+            // one governor (tests) can find a live one of the same key, and keep its tokens.
+            Some(l) if l.key == key && l.left > 0 && now_ms < l.until_ms => Some(Lease {
+                left: l.left + tokens,
+                until_ms,
+                ..l
+            }),
+            old => {
+                let lost = old.map_or(0, |l| l.left);
+                self.dropped
+                    .fetch_add(lost, std::sync::atomic::Ordering::Relaxed);
+                Some(Lease {
+                    key,
+                    left: tokens,
+                    until_ms,
+                })
+            }
+        };
+    }
+
+    /// Tokens taken from shared buckets that this worker has not spent: those its leases still
+    /// hold (live or expired) and those it dropped. With what it admitted, exactly what the
+    /// buckets gave it.
+    pub fn unspent(&self) -> u64 {
+        let held: u64 = self
+            .table
+            .lock()
+            .map_or(0, |t| t.iter().flatten().map(|l| l.left).sum());
+        held + self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Leased tokens of `key` that could still be spent at `now_ms`.
+    pub fn left(&self, key: Key, now_ms: u64) -> u64 {
+        self.with(key, |l| match l {
+            Some(l) if now_ms < l.until_ms => l.left,
+            _ => 0,
+        })
+    }
+
+    /// Run `f` on the lease of `key` (None when its slot is empty or another key's).
+    fn with<T>(&self, key: Key, f: impl FnOnce(Option<&mut Lease>) -> T) -> T {
+        match self.table.lock() {
+            Ok(mut table) => f(table[slot(key)].as_mut().filter(|l| l.key == key)),
+            Err(_) => f(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_spent_until_empty_or_expired() {
+        let l = Leases::default();
+        let k = (0, 42);
+        assert_eq!(l.spend(k, 0), Err(0));
+        l.put(k, 2, 100);
+        assert_eq!(l.spend(k, 100), Ok(()));
+        l.give(k);
+        assert_eq!(l.spend(k, 200), Ok(()));
+        assert_eq!(l.spend(k, 300), Ok(()));
+        assert_eq!(l.spend(k, 300), Err(0));
+        assert_eq!(l.spend((1, 42), 300), Err(0), "another limit's bucket");
+        l.put(k, 5, 1000);
+        l.spend(k, 1000).unwrap();
+        // Expired: the 4 left come out, once, to go back to the bucket.
+        assert_eq!(l.spend(k, 1000 + LEASE_MS), Err(4));
+        assert_eq!(l.spend(k, 1000 + LEASE_MS), Err(0));
+    }
+
+    #[test]
+    fn a_key_in_a_taken_slot_replaces_it_and_never_spends_the_others_tokens() {
+        let l = Leases::default();
+        let a = (0, 7);
+        let b = (0, 7 + SLOTS as u64); // same slot
+        l.put(a, 3, 0);
+        assert_eq!(l.left(b, 0), 0);
+        assert_eq!(l.spend(b, 0), Err(0));
+        l.put(b, 2, 0);
+        assert_eq!(l.left(a, 0), 0, "a's lease was dropped, not shared");
+        assert_eq!(l.left(b, 0), 2);
+    }
+}
