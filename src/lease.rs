@@ -22,9 +22,11 @@ pub const LEASE: u64 = 8;
 pub const FLOOR: u64 = 64 * LEASE;
 /// How long leased tokens may be spent.
 pub const LEASE_MS: u64 = 1000;
-/// Leases a worker holds at once: a direct-mapped table (a key whose slot another key holds
-/// replaces it, dropping what was left: fewer admitted, never more).
-const SLOTS: usize = 256;
+/// Leases a worker holds at once: a two-way set-associative table (a key whose two slots
+/// hold live leases of other keys replaces the one that expires first, dropping what it had
+/// left: fewer admitted, never more). 4,096 of 24 bytes, 96 KiB a worker: room for the hot
+/// keys of a thousand tenants.
+const SLOTS: usize = 4096;
 
 /// (limit index, key id): the bucket a lease came from.
 pub type Key = (usize, u64);
@@ -39,9 +41,16 @@ pub struct Leases {
 
 #[derive(Clone, Copy)]
 struct Lease {
-    key: Key,
-    left: u64,
+    id: u64,
     until_ms: u64,
+    limit: u32,
+    left: u32,
+}
+
+impl Lease {
+    fn is(&self, (limit, id): Key) -> bool {
+        self.id == id && self.limit as usize == limit
+    }
 }
 
 impl Default for Leases {
@@ -53,8 +62,9 @@ impl Default for Leases {
     }
 }
 
-fn slot((limit, id): Key) -> usize {
-    (id ^ (limit as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize % SLOTS
+/// The first of the two slots `key` may use.
+fn set_of((limit, id): Key) -> usize {
+    ((id ^ (limit as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize % SLOTS) & !1
 }
 
 impl Leases {
@@ -67,7 +77,7 @@ impl Leases {
                 l.left -= 1;
                 Ok(())
             }
-            Some(l) => Err(std::mem::take(&mut l.left)),
+            Some(l) => Err(u64::from(std::mem::take(&mut l.left))),
             None => Err(0),
         })
     }
@@ -76,32 +86,46 @@ impl Leases {
     pub fn give(&self, key: Key) {
         self.with(key, |l| {
             if let Some(l) = l {
-                l.left += 1;
+                l.left = l.left.saturating_add(1);
             }
         });
     }
 
     /// Keep `tokens` taken from the shared bucket of `key` to spend until `now_ms + LEASE_MS`.
     pub fn put(&self, key: Key, tokens: u64, now_ms: u64) {
-        let i = slot(key);
         let Ok(mut table) = self.table.lock() else {
             return;
         };
+        let set = set_of(key);
+        let spent = |l: &Option<Lease>| l.map_or(true, |l| l.left == 0 || now_ms >= l.until_ms);
+        let i = (set..set + 2)
+            .find(|&i| table[i].is_some_and(|l| l.is(key)))
+            .or_else(|| (set..set + 2).find(|&i| spent(&table[i])))
+            .unwrap_or_else(|| {
+                let until = |i: usize| table[i].map_or(0, |l| l.until_ms);
+                if until(set) <= until(set + 1) {
+                    set
+                } else {
+                    set + 1
+                }
+            });
         let until_ms = now_ms.saturating_add(LEASE_MS);
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
         table[i] = match table[i] {
             // A worker leases only once its lease is spent or expired; only threads sharing
             // one governor (tests) can find a live one of the same key, and keep its tokens.
-            Some(l) if l.key == key && l.left > 0 && now_ms < l.until_ms => Some(Lease {
-                left: l.left + tokens,
+            Some(l) if l.is(key) && l.left > 0 && now_ms < l.until_ms => Some(Lease {
+                left: l.left.saturating_add(tokens),
                 until_ms,
                 ..l
             }),
             old => {
-                let lost = old.map_or(0, |l| l.left);
+                let lost = old.map_or(0, |l| u64::from(l.left));
                 self.dropped
                     .fetch_add(lost, std::sync::atomic::Ordering::Relaxed);
                 Some(Lease {
-                    key,
+                    id: key.1,
+                    limit: u32::try_from(key.0).unwrap_or(u32::MAX),
                     left: tokens,
                     until_ms,
                 })
@@ -116,14 +140,14 @@ impl Leases {
         let held: u64 = self
             .table
             .lock()
-            .map_or(0, |t| t.iter().flatten().map(|l| l.left).sum());
+            .map_or(0, |t| t.iter().flatten().map(|l| u64::from(l.left)).sum());
         held + self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Leased tokens of `key` that could still be spent at `now_ms`.
     pub fn left(&self, key: Key, now_ms: u64) -> u64 {
         self.with(key, |l| match l {
-            Some(l) if now_ms < l.until_ms => l.left,
+            Some(l) if now_ms < l.until_ms => u64::from(l.left),
             _ => 0,
         })
     }
@@ -131,7 +155,10 @@ impl Leases {
     /// Run `f` on the lease of `key` (None when its slot is empty or another key's).
     fn with<T>(&self, key: Key, f: impl FnOnce(Option<&mut Lease>) -> T) -> T {
         match self.table.lock() {
-            Ok(mut table) => f(table[slot(key)].as_mut().filter(|l| l.key == key)),
+            Ok(mut table) => {
+                let set = set_of(key);
+                f(table[set..set + 2].iter_mut().flatten().find(|l| l.is(key)))
+            }
             Err(_) => f(None),
         }
     }
@@ -164,12 +191,20 @@ mod tests {
     fn a_key_in_a_taken_slot_replaces_it_and_never_spends_the_others_tokens() {
         let l = Leases::default();
         let a = (0, 7);
-        let b = (0, 7 + SLOTS as u64); // same slot
+        let b = (0, 7 + SLOTS as u64); // the same two slots
+        let c = (0, 7 + 2 * SLOTS as u64);
         l.put(a, 3, 0);
         assert_eq!(l.left(b, 0), 0);
         assert_eq!(l.spend(b, 0), Err(0));
-        l.put(b, 2, 0);
-        assert_eq!(l.left(a, 0), 0, "a's lease was dropped, not shared");
-        assert_eq!(l.left(b, 0), 2);
+        l.put(b, 2, 1);
+        assert_eq!((l.left(a, 1), l.left(b, 1)), (3, 2), "two ways: both kept");
+        l.put(c, 1, 2);
+        assert_eq!(
+            l.left(a, 2),
+            0,
+            "a's lease expires first: dropped, not shared"
+        );
+        assert_eq!((l.left(b, 2), l.left(c, 2)), (2, 1));
+        assert_eq!(l.unspent(), 3 + 3, "held 2 + 1, dropped 3");
     }
 }
