@@ -210,7 +210,7 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="issue3,issue5,overnight,replay")
-    ap.add_argument("--configs", default="abcdefg", help="configuration letters (e also selects e-cap)")
+    ap.add_argument("--configs", default="abcdefg", help="configuration letters (e also selects e-cap, e-fo and the e-tpm ones)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of everything, gateways restarted each time")
     ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (b, c, e, f, g)")
     ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "storm"))

@@ -273,6 +273,11 @@ def token_figures(tpm: int, entries: list, t0_unix_ms: float, results: list, gat
         # [t_ms, status, decision, counted_tokens, tokens_remaining] per upstream request.
         "token_log": [[round(t, 1), q["status"], q.get("decision"), c, q.get("tokens_remaining")]
                       for (t, c), q in zip(sent, entries)],
+        # Per call: [start_ms, end_ms, error, [[t_ms, status, source, held_ms, retry_after_ms], ...]].
+        "call_attempts": [[round(r.start_ms, 1), round(r.end_ms, 1), r.error,
+                           [[round(a.t_ms, 1), a.status, a.source, a.held_ms,
+                             None if a.retry_after_ms is None else round(a.retry_after_ms)] for a in r.attempts]]
+                          for r in results],
     }
 
 
