@@ -761,7 +761,9 @@ impl Governor {
             return;
         }
         if self.cfg.preemptive {
-            if let Some(reset) = snap.exhausted_reset_ms().filter(|ms| *ms > 0) {
+            // A request that reserved tokens knows how many the next one like it needs.
+            let need = flow.charges.iter().map(|c| c.2).max().filter(|n| *n > 0);
+            if let Some(reset) = snap.exhausted_wait_ms(need).filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
                     class: Class::RateLimited,

@@ -91,8 +91,26 @@ impl Snapshot {
     /// The longest reset among the exhausted dimensions: the earliest moment every exhausted
     /// dimension has room again.
     pub fn exhausted_reset_ms(&self) -> Option<u64> {
+        self.exhausted_wait_ms(None)
+    }
+
+    /// How long until a request needing `tokens` fits every exhausted dimension. The reset
+    /// OpenAI and Anthropic report is when the bucket is full again, refilling evenly from
+    /// empty: a token dimension with a known limit has `tokens` back after `reset × tokens /
+    /// limit`; other dimensions (and an unknown need) wait for the whole reset.
+    pub fn exhausted_wait_ms(&self, tokens: Option<u64>) -> Option<u64> {
         self.exhausted()
-            .filter_map(|d| self.window(d).reset_ms)
+            .filter_map(|d| {
+                let w = self.window(d);
+                let reset = w.reset_ms?;
+                Some(match (d, tokens, w.limit) {
+                    (Dimension::Requests, ..) | (_, None, _) | (_, _, None | Some(0)) => reset,
+                    (_, Some(need), Some(limit)) => {
+                        let part = u128::from(reset) * u128::from(need) / u128::from(limit);
+                        u64::try_from(part).unwrap_or(u64::MAX).clamp(1, reset)
+                    }
+                })
+            })
             .max()
     }
 }

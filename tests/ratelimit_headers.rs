@@ -102,3 +102,22 @@ fn no_headers_no_snapshot() {
     let hs = owned(&[("content-type", "application/json")]);
     assert!(parse(&Headers::new(&hs), NOW).is_empty());
 }
+
+#[test]
+fn a_token_bucket_that_reports_empty_has_room_for_one_request_long_before_its_reset() {
+    // OpenAI: 20,000 TPM, empty, full again in 60 s: 1,000 tokens are back after 3 s.
+    let hs = owned(&[
+        ("x-ratelimit-limit-tokens", "20000"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "60s"),
+    ]);
+    let s = llm_governor::ratelimit::parse(&Headers::new(&hs), 0);
+    assert_eq!(s.exhausted_reset_ms(), Some(60_000));
+    assert_eq!(s.exhausted_wait_ms(Some(1_000)), Some(3_000));
+    assert_eq!(
+        s.exhausted_wait_ms(Some(50_000)),
+        Some(60_000),
+        "never past the reset"
+    );
+    assert_eq!(s.exhausted_wait_ms(Some(0)), Some(1));
+}

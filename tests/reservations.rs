@@ -366,3 +366,31 @@ fn auto_settles_as_the_provider_behind_the_request_counts() {
     host.end_with_usage(&mut flow, 10);
     assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64 - 10);
 }
+
+#[test]
+fn a_provider_reporting_its_tokens_empty_cools_for_one_reservation_not_its_full_reset() {
+    let mut host = Host::new(&config(""));
+    let body = chat(100, Some("900"));
+    let flow = host.forward_with_body(PATH, &[], &body);
+    let reserved = flow.charges[0].2;
+    // OpenAI: 20,000 TPM left empty by this request, full again in 60 s.
+    host.respond(
+        &flow,
+        200,
+        &[
+            ("x-ratelimit-limit-tokens", "20000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "60s"),
+        ],
+        "",
+    );
+    match host.request_with_body(PATH, &[], &body) {
+        RequestDecision::Reply(_, r) => {
+            assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
+            // A request like it fits once reserved × 60 s / 20,000 has refilled.
+            let want = 60_000 * reserved / 20_000;
+            assert_eq!(header(&r.headers, "retry-after-ms"), want.to_string());
+        }
+        RequestDecision::Forward(_) => panic!("the provider said it had no tokens left"),
+    }
+}
