@@ -38,7 +38,7 @@ GOVERNOR_CONFIGS = {
     "g": {"pools": POOLS, "hold": {"max_ms": 0}},
     "e-cap": {"pools": POOLS, "limits": [CAP]},
     # Reserves the estimated input + max_tokens before the call, settles with the usage after.
-    "e-tpm": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True)]},
+    "e-tpm": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True, settle="usage")]},
     # The same, the reservation kept as counted (input: the larger of the estimate and bytes / 4),
     # as OpenAI's TPM counts.
     "e-tpm-resv": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True, settle="reservation")]},
@@ -70,7 +70,7 @@ CONFIG_NAMES = {
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
     "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve (settle: usage)",
-    "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation",
+    "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation (what auto, the default, does for OpenAI)",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
