@@ -216,6 +216,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "out" / "storm"))
     ap.add_argument("--duration", type=float, default=None,
                     help="seconds the looping clients of the token storms keep calling (default 150)")
+    ap.add_argument("--only", default=None, help="comma-separated configuration keys (e-tpm-default,...): only these")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args()
 
@@ -230,7 +231,9 @@ def main() -> int:
         storms = [dataclasses.replace(s, duration_s=args.duration, run_timeout_s=args.duration + 60,
                                       title=s.title.replace(f"for {s.duration_s:g} s", f"for {args.duration:g} s"))
                   if s.client_kind == "loop" else s for s in storms]
-    wanted = {s.name: [k for k in s.configs if k[0] in args.configs] for s in storms}
+    only = set(args.only.split(",")) if args.only else None
+    wanted = {s.name: [k for k in s.configs if k[0] in args.configs and (only is None or k in only)]
+              for s in storms}
     keys = list(dict.fromkeys(k for s in storms for k in wanted[s.name]))
     results: list = []
     digest = module_digest()  # before any Envoy loads it: a rebuild during the run would show here

@@ -44,6 +44,8 @@ GOVERNOR_CONFIGS = {
     "e-tpm-resv": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=True, settle="reservation")]},
     # Admits while the bucket holds a token, charges the reported usage after the response.
     "e-tpm-after": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=False)]},
+    # The limit as a user writes it: reserve and settle left to their defaults (auto).
+    "e-tpm-default": {"pools": POOLS, "limits": [TPM_LIMIT]},
 }
 # (e-fo): the same pool with a fallback pool (README "Failover"), reached only by steering; its
 # account is the label of the credential Envoy injects on the fallback route.
@@ -72,6 +74,7 @@ CONFIG_NAMES = {
     "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve (settle: usage)",
     "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation (what auto, the default, does for OpenAI)",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
+    "e-tpm-default": "Envoy + llm-governor, tokens_per_minute 20,000, the defaults (reserve, settle: auto)",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
 }

@@ -185,7 +185,7 @@ SPENDCAP_FAILOVER_STORM = Storm(
 # budget is ~20 calls in the first minute and ~20 a minute after. The simulator answers with 5
 # completion tokens (its default, min(5, max_tokens)): answers much shorter than max_tokens.
 TPM_TOKENS = 20_000
-TPM_CONFIGS = ("e-tpm", "e-tpm-resv", "e-tpm-after", "a", "d")
+TPM_CONFIGS = ("e-tpm-default", "e-tpm", "e-tpm-resv", "e-tpm-after", "a", "d")
 TPM = Storm(
     name="tpm",
     title="TPM (issue 12): 30 SDK clients in a loop for 150 s, ~3,200-char prompts, max_tokens 200, "
@@ -216,7 +216,7 @@ TPM_FULL = Storm(
     prompt_chars=3200,
     max_tokens=200,
     tpm_tokens=TPM_TOKENS,
-    configs=("e-tpm", "e-tpm-resv", "e-tpm-after"),  # (a) and (d) have no token budget to settle: see tpm
+    configs=("e-tpm-default", "e-tpm", "e-tpm-resv", "e-tpm-after"),  # (a), (d): no budget to settle
     run_timeout_s=150.0 + 60.0,
     fresh_gateway=True,
 )
