@@ -407,50 +407,9 @@ RAW_REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorizat
                b'{"model":"gpt-4o-mini","messages":[]}')
 
 
-def send_sequential(port, n):
-    """n requests one after another on one connection; every answer must be a 200."""
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
-        buf = b""
-        for _ in range(n):
-            s.sendall(RAW_REQUEST)
-            while True:
-                end = buf.find(b"\r\n\r\n")
-                if end >= 0:
-                    head = buf[:end].decode("latin-1")
-                    m = re.search(r"content-length:\s*(\d+)", head, re.I)
-                    size = end + 4 + (int(m.group(1)) if m else 0)
-                    if len(buf) >= size:
-                        if not head.startswith("HTTP/1.1 200"):
-                            raise RuntimeError(f"expected 200, got {head.splitlines()[0]}")
-                        buf = buf[size:]
-                        break
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise RuntimeError("connection closed")
-                buf += chunk
-
-
-# Issue 12's cost target: a 100 KiB chat body under a reserving token limit (read, estimated and
-# settled) against the same body with no token limit ({}: the body is never looked at) and the
-# empty module.
-BODY_KIB = 100
-BODY_N = 300 if QUICK else 2000
-BODY_ROUNDS = 1 if QUICK else 3
-TOKENS = json.dumps({"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": NEVER}]})
-BODY_CONFIGS = [("c", "empty proxy-wasm module", "empty"), ("d", "llm-governor {}", "{}"),
-                ("t", "llm-governor, reserving token limit", TOKENS)]
-
-
-def body_request(kib):
-    words = " ".join(["The gateway reads this prompt to estimate its tokens before the call."] * (kib * 1024 // 70))
-    body = json.dumps({"model": "gpt-4o-mini", "max_tokens": 200,
-                       "messages": [{"role": "user", "content": words}]}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorization: " + ACCOUNT_KEY.encode() +
-            b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-
-def timed_sequential(port, request, n):
-    """Latency of n requests one after another on one connection, in µs; every answer a 200."""
+def send_sequential(port, n, request=RAW_REQUEST):
+    """n requests one after another on one connection; every answer must be a 200. Returns the
+    latency of each, in µs."""
     times = []
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -477,6 +436,25 @@ def timed_sequential(port, request, n):
     return times
 
 
+# Issue 12's cost target: a 100 KiB chat body under a reserving token limit (read, estimated and
+# settled) against the same body with no token limit ({}: the body is never looked at) and the
+# empty module.
+BODY_KIB = 100
+BODY_N = 300 if QUICK else 2000
+BODY_ROUNDS = 1 if QUICK else 3
+TOKENS = json.dumps({"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": NEVER}]})
+BODY_CONFIGS = [("c", "empty proxy-wasm module", "empty"), ("d", "llm-governor {}", "{}"),
+                ("t", "llm-governor, reserving token limit", TOKENS)]
+
+
+def body_request(kib):
+    words = " ".join(["The gateway reads this prompt to estimate its tokens before the call."] * (kib * 1024 // 70))
+    body = json.dumps({"model": "gpt-4o-mini", "max_tokens": 200,
+                       "messages": [{"role": "user", "content": words}]}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorization: " + ACCOUNT_KEY.encode() +
+            b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 def body_cost(upstream_port, results):
     request = body_request(BODY_KIB)
     runs = {k: [] for k, _, _ in BODY_CONFIGS}
@@ -485,8 +463,8 @@ def body_cost(upstream_port, results):
         for key, _, spec in BODY_CONFIGS:
             envoy = start_envoy(proxy_config(upstream_port, filters_for(spec)), 1, pin)
             try:
-                timed_sequential(envoy.port, request, 100)  # warm-up
-                t = sorted(timed_sequential(envoy.port, request, BODY_N))
+                send_sequential(envoy.port, 100, request)  # warm-up
+                t = sorted(send_sequential(envoy.port, BODY_N, request))
                 runs[key].append({"p50_us": t[len(t) // 2], "p99_us": t[int(len(t) * 0.99)]})
             finally:
                 close_envoy(envoy)

@@ -596,6 +596,12 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             "applies to tokens_per_minute limits only".into(),
         )
     };
+    let reserving_only = |field: &str| {
+        err(
+            &format!("{at}.{field}"),
+            "applies only when reserve is true".into(),
+        )
+    };
     let reserve = match dto.reserve {
         Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("reserve")),
         Some(Flag(b)) => b,
@@ -603,24 +609,14 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
     };
     let default_output_tokens = match dto.default_output_tokens {
         Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("default_output_tokens")),
-        Some(_) if !reserve => {
-            return Err(err(
-                &format!("{at}.default_output_tokens"),
-                "applies only when reserve is true".into(),
-            ))
-        }
+        Some(_) if !reserve => return Err(reserving_only("default_output_tokens")),
         Some(Deferred(v)) => int_in(v, 0, crate::estimate::MAX_OUTPUT)
             .map_err(|reason| err(&format!("{at}.default_output_tokens"), reason))?,
         None => DEFAULT_OUTPUT_TOKENS,
     };
     let settle = match dto.settle {
         Some(_) if kind != LimitKind::Tokens => return Err(tokens_only("settle")),
-        Some(_) if !reserve => {
-            return Err(err(
-                &format!("{at}.settle"),
-                "applies only when reserve is true".into(),
-            ))
-        }
+        Some(_) if !reserve => return Err(reserving_only("settle")),
         Some(SettleSpec(s)) => s,
         None => Settle::Auto,
     };

@@ -5,6 +5,8 @@
 //! operator can compute the id of a key they hold (`python3 -c` one-liner in docs/), and an API
 //! key's entropy makes the hash useless for recovering it.
 
+use crate::classify::find;
+
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
@@ -45,10 +47,6 @@ pub fn model_in_path(path: &[u8]) -> Option<&[u8]> {
         .position(|b| ends.contains(b))
         .unwrap_or(marker.len());
     Some(&marker[..end]).filter(|m| !m.is_empty())
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Shared-data key of the cooldown of (pool, account).

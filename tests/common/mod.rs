@@ -51,14 +51,7 @@ impl Host {
     }
 
     pub fn request(&mut self, path: &str, headers: &[(&str, &str)]) -> RequestDecision {
-        let hs = owned(headers);
-        let view = RequestView {
-            path: path.as_bytes(),
-            authority: b"api.example.com",
-            headers: Headers::new(&hs),
-        };
-        let (governor, _, mut env) = self.parts();
-        governor.on_request(&view, &mut env)
+        self.decide(path, headers, None)
     }
 
     /// A request whose body the host read before admission (a limit reserves tokens).
@@ -68,22 +61,27 @@ impl Host {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> RequestDecision {
+        self.decide(path, headers, Some(body))
+    }
+
+    fn decide(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> RequestDecision {
         let hs = owned(headers);
-        let view = RequestView {
-            path: path.as_bytes(),
-            authority: b"api.example.com",
-            headers: Headers::new(&hs),
-        };
+        let view = view(path, &hs);
         let (governor, _, mut env) = self.parts();
-        governor.on_request_with_body(&view, body, body.len(), &mut env)
+        match body {
+            Some(b) => governor.on_request_with_body(&view, b, b.len(), &mut env),
+            None => governor.on_request(&view, &mut env),
+        }
     }
 
     /// `request_with_body`; panics unless it is forwarded.
     pub fn forward_with_body(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Flow {
-        match self.request_with_body(path, headers, body) {
-            RequestDecision::Forward(f) => f,
-            RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
-        }
+        forwarded(self.request_with_body(path, headers, body))
     }
 
     /// The stream of `flow` ended with the provider reporting `usage` tokens.
@@ -94,10 +92,7 @@ impl Host {
 
     /// Send a request; panics unless it is forwarded.
     pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Flow {
-        match self.request(path, headers) {
-            RequestDecision::Forward(f) => f,
-            RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
-        }
+        forwarded(self.request(path, headers))
     }
 
     /// A complete response: headers, then (if held) the body. Returns what the client sees.
@@ -114,16 +109,7 @@ impl Host {
 
     /// A request as the host hands it to the hold state machine, with stream id `id`.
     pub fn arrive(&mut self, id: u32, path: &str, headers: &[(&str, &str)]) -> Step {
-        let hs = owned(headers);
-        let view = RequestView {
-            path: path.as_bytes(),
-            authority: b"api.example.com",
-            headers: Headers::new(&hs),
-        };
-        let (governor, holds, mut env) = self.parts();
-        let flow = governor.flow_for(&view);
-        let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
-        holds.request(governor, flow, budget, id, &mut env)
+        self.arrive_as(id, path, headers, None)
     }
 
     /// `arrive` for a request whose body was read before admission.
@@ -134,15 +120,23 @@ impl Host {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Step {
+        self.arrive_as(id, path, headers, Some(body))
+    }
+
+    fn arrive_as(
+        &mut self,
+        id: u32,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Step {
         let hs = owned(headers);
-        let view = RequestView {
-            path: path.as_bytes(),
-            authority: b"api.example.com",
-            headers: Headers::new(&hs),
-        };
+        let view = view(path, &hs);
         let (governor, holds, mut env) = self.parts();
         let mut flow = governor.flow_for(&view);
-        governor.on_request_body(&mut flow, body, body.len());
+        if let Some(b) = body {
+            governor.on_request_body(&mut flow, b, b.len());
+        }
         let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
         holds.request(governor, flow, budget, id, &mut env)
     }
@@ -222,6 +216,23 @@ impl Host {
 
     pub fn advance(&mut self, ms: u64) {
         self.now_ms += ms;
+    }
+}
+
+/// A request to api.example.com at `path` with headers `hs`.
+fn view<'a>(path: &'a str, hs: &'a [(String, Vec<u8>)]) -> RequestView<'a> {
+    RequestView {
+        path: path.as_bytes(),
+        authority: b"api.example.com",
+        headers: Headers::new(hs),
+    }
+}
+
+/// The flow of a forwarded request; panics on a local reply.
+fn forwarded(d: RequestDecision) -> Flow {
+    match d {
+        RequestDecision::Forward(f) => f,
+        RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
     }
 }
 

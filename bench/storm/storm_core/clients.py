@@ -178,15 +178,19 @@ class SdkClients:
     """One `openai.AsyncOpenAI` per client (max_retries=3, its own connection); each makes
     `storm.calls_per_client` calls in turn. A response hook records every answer it receives."""
 
+    # The SDK's max_retries; None leaves its default.
+    MAX_RETRIES: Optional[int] = 3
+
     def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
         import openai
 
         self.storm, self.clock = storm, clock
         self.warming = True
         self.current: list = [[] for _ in range(storm.clients)]  # attempts of each client's current call
+        retries = {} if self.MAX_RETRIES is None else {"max_retries": self.MAX_RETRIES}
         self.clients = [
             openai.AsyncOpenAI(
-                base_url=base_url, api_key=api_key, max_retries=3, timeout=30.0,
+                base_url=base_url, api_key=api_key, timeout=30.0, **retries,
                 http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
             )
             for i in range(storm.clients)
@@ -256,37 +260,18 @@ def prose(chars: int, rng: random.Random) -> str:
     return " ".join(out)[:chars].rstrip() + "."
 
 
-class LoopClients:
+class LoopClients(SdkClients):
     """`storm.clients` clients of the official SDK (`openai.AsyncOpenAI` with its default
     max_retries, 30 s timeout, its own connection), each calling again and again until
     `storm.duration_s`: a chat completion with a fresh prompt of about `storm.prompt_chars`
     characters (varied by up to 5 %) and `storm.max_tokens`. A call running at `duration_s`
     finishes (the run's timeout aside). A response hook records every answer it receives."""
 
+    MAX_RETRIES = None
+
     def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
-        import openai
-
-        self.storm, self.clock = storm, clock
-        self.warming = True
-        self.current: list = [[] for _ in range(storm.clients)]
+        super().__init__(storm, base_url, api_key, clock)
         self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
-        self.clients = [
-            openai.AsyncOpenAI(
-                base_url=base_url, api_key=api_key, timeout=30.0,
-                http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
-            )
-            for i in range(storm.clients)
-        ]
-
-    def _hook(self, i: int):
-        async def on_response(response):
-            if not self.warming:
-                self.current[i].append(attempt_from(self.clock.now_ms(), response.status_code, response.headers))
-        return on_response
-
-    async def prepare(self) -> None:
-        await warm_up(self.clients)
-        self.warming = False
 
     def messages(self, i: int) -> list:
         rng = self.rng[i]
@@ -311,10 +296,6 @@ class LoopClients:
                 ok, error = False, type(err).__name__
             results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
             call += 1
-
-    async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
 
 
 class ScheduledClients:

@@ -4,6 +4,7 @@ also says what a second provider does (`backup_phases`, a second simulator)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -204,21 +205,13 @@ TPM = Storm(
 )
 # The same with answers that use all of max_tokens: the usage the provider reports is then
 # what it counted at admission (up to its input estimate against the gateway's).
-TPM_FULL = Storm(
+TPM_FULL = dataclasses.replace(
+    TPM,
     name="tpm-full",
     title="TPM (issue 12), answers of max_tokens (200): 30 SDK clients in a loop for 150 s, "
           "~3,200-char prompts, provider 20,000 tokens/min on the key",
-    clients=30,
     phases=[Phase({"tpm": {"tokens": TPM_TOKENS}, "usage": {"output_tokens": 200}})],
-    client_kind="loop",
-    calls_per_client=0,
-    duration_s=150.0,
-    prompt_chars=3200,
-    max_tokens=200,
-    tpm_tokens=TPM_TOKENS,
     configs=("e-tpm-default", "e-tpm", "e-tpm-resv", "e-tpm-after"),  # (a), (d): no budget to settle
-    run_timeout_s=150.0 + 60.0,
-    fresh_gateway=True,
 )
 
 
