@@ -2,9 +2,9 @@
 //!
 //! The host hands a header map over as one buffer in the proxy-wasm wire format; `WireHeaders`
 //! keeps that buffer and the offsets of each name and value, so reading headers costs two
-//! allocations per callback instead of two per header.
-
-use std::ops::Range;
+//! allocations per callback instead of two per header. It also keeps a 64-bit summary of the
+//! names it holds (one bit per name, from its length and first and last bytes): most lookups
+//! are for a header the request does not carry, and the summary answers those with one test.
 
 /// A header list. Values are untrusted bytes; names are compared case-insensitively.
 #[derive(Clone, Copy)]
@@ -48,10 +48,7 @@ impl<'a> Headers<'a> {
     pub fn for_each(&self, mut f: impl FnMut(&'a [u8], &'a [u8])) {
         match self.repr {
             Repr::Owned(pairs) => pairs.iter().for_each(|(n, v)| f(n.as_bytes(), v)),
-            Repr::Wire(w) => w
-                .spans
-                .iter()
-                .for_each(|(n, v)| f(&w.bytes[n.clone()], &w.bytes[v.clone()])),
+            Repr::Wire(w) => w.spans.iter().for_each(|s| f(w.name(s), w.value(s))),
         }
     }
 
@@ -65,11 +62,12 @@ impl<'a> Headers<'a> {
                 .iter()
                 .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_slice()),
+            Repr::Wire(w) if w.names & name_bit(name) == 0 => None,
             Repr::Wire(w) => w
                 .spans
                 .iter()
-                .find(|(n, _)| w.bytes[n.clone()].eq_ignore_ascii_case(name))
-                .map(|(_, v)| &w.bytes[v.clone()]),
+                .find(|s| w.name(s).eq_ignore_ascii_case(name))
+                .map(|s| w.value(s)),
         }
     }
 
@@ -107,12 +105,33 @@ pub fn owned(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// One of 64 bits for a header name, the same for a name in any case: from its length and its
+/// first and last bytes (`| 0x20` folds ASCII case; it also folds a few punctuation pairs
+/// together, which costs only a scan).
+fn name_bit(name: &[u8]) -> u64 {
+    let fold = |b: Option<&u8>| u32::from(b.copied().unwrap_or(0) | 0x20);
+    let h = (name.len() as u32 ^ fold(name.first()) << 8 ^ fold(name.last()) << 16)
+        .wrapping_mul(0x9e37_79b1);
+    1 << (h >> 26)
+}
+
+/// Where one header's name and value sit in the buffer (the name ends at the NUL before
+/// `value_at`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Span {
+    name_at: u32,
+    value_at: u32,
+    value_len: u32,
+}
+
 /// A header map in the proxy-wasm wire format: a count, then (name length, value length) pairs,
 /// then each name and value followed by a NUL.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WireHeaders {
     bytes: Vec<u8>,
-    spans: Vec<(Range<usize>, Range<usize>)>,
+    spans: Vec<Span>,
+    /// The `name_bit` of every name, or-ed: a name whose bit is clear is not here.
+    names: u64,
 }
 
 impl WireHeaders {
@@ -121,35 +140,48 @@ impl WireHeaders {
         if bytes.is_empty() {
             return Some(WireHeaders::default());
         }
-        let u32_at = |at: usize| -> Option<usize> {
-            let b = bytes.get(at..at.checked_add(4)?)?;
-            Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
-        };
-        let count = u32_at(0)?;
+        let u32_at = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let count = u32_at(bytes.get(..4)?);
         let mut p = 4usize.checked_add(count.checked_mul(8)?)?;
-        if p > bytes.len() {
+        // Offsets are kept as u32: the buffer's length must fit one (a header map is far smaller).
+        if p > bytes.len() || u32::try_from(bytes.len()).is_err() {
             return None;
         }
         let mut spans = Vec::with_capacity(count);
-        for n in 0..count {
-            let name_len = u32_at(4 + n * 8)?;
-            let value_len = u32_at(8 + n * 8)?;
-            let name = p..p.checked_add(name_len)?;
-            p = name.end.checked_add(1)?;
-            let value = p..p.checked_add(value_len)?;
-            p = value.end.checked_add(1)?;
+        let mut names = 0;
+        for entry in bytes[4..p].chunks_exact(8) {
+            let (name_len, value_len) = (u32_at(&entry[..4]), u32_at(&entry[4..]));
+            let name_at = p;
+            let value_at = name_at.checked_add(name_len)?.checked_add(1)?;
+            p = value_at.checked_add(value_len)?.checked_add(1)?;
             if p > bytes.len() {
                 return None;
             }
-            spans.push((name, value));
+            names |= name_bit(&bytes[name_at..name_at + name_len]);
+            spans.push(Span {
+                name_at: name_at as u32,
+                value_at: value_at as u32,
+                value_len: value_len as u32,
+            });
         }
-        Some(WireHeaders { bytes, spans })
+        Some(WireHeaders {
+            bytes,
+            spans,
+            names,
+        })
+    }
+
+    fn name(&self, s: &Span) -> &[u8] {
+        &self.bytes[s.name_at as usize..s.value_at as usize - 1]
+    }
+
+    fn value(&self, s: &Span) -> &[u8] {
+        let at = s.value_at as usize;
+        &self.bytes[at..at + s.value_len as usize]
     }
 
     pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans
-            .iter()
-            .map(|(n, v)| (&self.bytes[n.clone()], &self.bytes[v.clone()]))
+        self.spans.iter().map(|s| (self.name(s), self.value(s)))
     }
 
     /// Encode pairs in the wire format (the inverse of `parse`; tests and the host's replies).
@@ -189,6 +221,67 @@ mod tests {
         assert_eq!(b.get("RETRY-AFTER"), Some(&b"3"[..]));
         assert_eq!(b.all("retry-after").count(), 2);
         assert_eq!(WireHeaders::parse(Vec::new()), Some(WireHeaders::default()));
+    }
+
+    #[test]
+    fn lookups_find_the_first_pair_of_the_name_in_any_case_and_nothing_else() {
+        let names = [
+            "a",
+            "ab",
+            "x-api-k",
+            "x-api-ke",
+            "x-api-key",
+            "x-api-kez",
+            "X-Api-Keys",
+            "authorization",
+            "AUTHORIZATIOn",
+            "authorizatioN-x",
+            "",
+            "B",
+        ];
+        let owned: Vec<(String, Vec<u8>)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), i.to_string().into_bytes()))
+            .collect();
+        let bytes = WireHeaders::encode(owned.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())));
+        let wire = WireHeaders::parse(bytes).expect("well-formed");
+        let probes = [
+            "x-api",
+            "authorization-",
+            "b",
+            "X-API-KEY",
+            "c",
+            "x-tenant-id",
+            "x-api-kex",
+        ];
+        for probe in names.iter().chain(&probes) {
+            // The first pair whose name equals the probe in any case, by a plain byte loop.
+            let expected = owned
+                .iter()
+                .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(probe.as_bytes()))
+                .map(|(_, v)| v.as_slice());
+            assert_eq!(Headers::wire(&wire).get(probe), expected, "{probe:?}");
+        }
+        // The summary tells apart most names a request lacks (it cannot be exact: 64 bits).
+        let lacking = [
+            "x-stainless-timeout",
+            "x-api-key",
+            "api-key",
+            "x-stainless-retry-count",
+            "anthropic-version",
+            "x-llm-governor-pool",
+            "x-goog-api-key",
+        ];
+        let one =
+            WireHeaders::parse(WireHeaders::encode([(&b"authorization"[..], &b"k"[..])])).unwrap();
+        assert!(
+            lacking
+                .iter()
+                .filter(|n| one.names & name_bit(n.as_bytes()) == 0)
+                .count()
+                >= 6
+        );
     }
 
     #[test]

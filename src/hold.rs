@@ -97,7 +97,7 @@ impl Holds {
         };
         if let Some(last) = queued {
             // Held requests of this (pool, account) go first: wait behind them.
-            let blocked = age(last.blocked, env.now_ms - last.blocked_at_ms);
+            let blocked = age(last.blocked, env.now() - last.blocked_at_ms);
             return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);
         }
         match gov.admit(&mut flow, env) {
@@ -121,7 +121,7 @@ impl Holds {
             let reply = gov.reply_for(&flow, &blocked, env);
             return Step::Reply(flow, reply);
         }
-        let now = env.now_ms;
+        let now = env.now();
         env.metrics.count(flow.home_pool, Counter::Held);
         env.metrics.add(flow.home_pool, Gauge::HeldRequests, 1);
         self.held += 1;
@@ -143,7 +143,7 @@ impl Holds {
     /// Ask the gates again for the heads of the queues that are due, and answer requests whose
     /// wait outgrew their limit. Returns what the host must do, in order.
     pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<Release> {
-        let now = env.now_ms;
+        let now = env.now();
         let mut out = Vec::new();
         for queue in self.queues.values_mut() {
             // The heads, in arrival order, while the gates let them go.

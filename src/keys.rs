@@ -65,7 +65,8 @@ fn key(kind: &str, name: &str, id: [u8; 16]) -> String {
     out.push_str(kind);
     out.push_str(name);
     out.push(':');
-    out.extend(id.iter().map(|b| char::from(*b)));
+    // Hex digits are ASCII: the check is 16 compares, and the fallback never runs.
+    out.push_str(std::str::from_utf8(&id).unwrap_or("-"));
     out
 }
 

@@ -30,7 +30,7 @@ impl Governor {
         let mut slots = Vec::new();
         for (i, limit) in self.cfg.limits.iter().enumerate() {
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
-            let now = env.now_ms;
+            let now = env.now();
             let key = if holds_slot(limit.kind) {
                 keys::slots_key(&limit.name, key_id)
             } else {
@@ -171,7 +171,7 @@ impl Governor {
     /// not pacing with no release open, no `max_in_flight` cap full. Request buckets are not
     /// looked at: they are the tenant's own limit wherever the request goes.
     pub(crate) fn has_room(&self, flow: &Flow, env: &mut Env) -> bool {
-        let now = env.now_ms;
+        let now = env.now();
         if let Some(rec) = self.cooldown_record(flow, env) {
             let (gate, _) = cooldown::pass(rec, now, self.cfg.hold.enabled());
             if !matches!(gate, Gate::Open | Gate::Released) {
@@ -227,7 +227,7 @@ impl Governor {
             }
             let (key, amount) = (t.key, t.tokens);
             let shape = self.cfg.limits[t.limit].shape();
-            let now = env.now_ms;
+            let now = env.now();
             if let Err(e) = update_bucket(env, &key, None, shape, |b| {
                 (Some(b.give(shape, now, amount)), ())
             }) {
@@ -253,7 +253,7 @@ impl Governor {
     }
 
     fn release_slot(&self, limit: usize, key: &str, slot: Slot, pool: usize, env: &mut Env) {
-        let epoch = inflight::epoch_of(env.now_ms, self.cfg.limits[limit].slot_lease_ms);
+        let epoch = inflight::epoch_of(env.now(), self.cfg.limits[limit].slot_lease_ms);
         let result = store::update(env.store, key, None, |cur| {
             let write = cur
                 .and_then(Slots::decode)
@@ -280,7 +280,7 @@ impl Governor {
     }
 
     fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
-        let now = env.now_ms;
+        let now = env.now();
         for (i, key, reserved) in std::mem::take(&mut flow.charges) {
             let tokens = match (usage, settle_of(&self.cfg.limits[i], flow)) {
                 (None, _) => 0,
@@ -341,7 +341,7 @@ fn update_bucket<T>(
     shape: Shape,
     mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
 ) -> Result<store::Updated<T>, UpdateError> {
-    let now = env.now_ms;
+    let now = env.now();
     let init = Bucket::full(shape, now).encode();
     store::update_from(env.store, key, known, Some(&init), |cur| {
         let b = cur

@@ -33,7 +33,35 @@ pub struct Env<'a> {
     pub store: &'a dyn SharedStore,
     pub metrics: &'a mut dyn Metrics,
     pub rng: &'a mut dyn Random,
-    pub now_ms: u64,
+    pub clock: Clock<'a>,
+}
+
+impl Env<'_> {
+    /// The time of this call, in ms since the epoch.
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+}
+
+/// Where `Env::now` comes from: a time the host already read, or the host's clock, read the
+/// first time the policy asks and kept for the rest of the call (a plain success answer never
+/// asks, and skips the hostcall).
+pub enum Clock<'a> {
+    At(u64),
+    Lazy(&'a dyn Fn() -> u64, std::cell::OnceCell<u64>),
+}
+
+impl<'a> Clock<'a> {
+    pub fn lazy(read: &'a dyn Fn() -> u64) -> Clock<'a> {
+        Clock::Lazy(read, std::cell::OnceCell::new())
+    }
+
+    pub fn now(&self) -> u64 {
+        match self {
+            Clock::At(ms) => *ms,
+            Clock::Lazy(read, once) => *once.get_or_init(read),
+        }
+    }
 }
 
 /// The parts of a request the policy looks at.
@@ -585,7 +613,7 @@ impl Governor {
             _ => return Gate::Open,
         };
         let paced = self.cfg.hold.enabled();
-        let now = env.now_ms;
+        let now = env.now();
         let result = store::update_from(env.store, &key, Some(known), None, |cur| {
             match cur.and_then(CooldownRecord::decode) {
                 Some(rec) => {
@@ -631,7 +659,7 @@ impl Governor {
     /// no success since, starts the next round.
     fn failed_rounds(&self, flow: &Flow, env: &Env) -> u8 {
         match self.cooldown_record(flow, env) {
-            Some(r) if r.deadline_ms > env.now_ms => r.streak.max(1),
+            Some(r) if r.deadline_ms > env.now() => r.streak.max(1),
             Some(r) => r.streak.saturating_add(1),
             None => 1,
         }
@@ -697,7 +725,7 @@ impl Governor {
         body_available: bool,
         env: &mut Env,
     ) -> ResponseStep {
-        let snap = ratelimit::parse(headers, env.now_ms);
+        let snap = ratelimit::parse(headers, &|| env.now());
         export_gauges(flow.pool, &snap, env.metrics);
         if !classify::is_governed_status(status) {
             if (200..300).contains(&status) {
@@ -738,7 +766,7 @@ impl Governor {
         body: &[u8],
         env: &mut Env,
     ) -> Option<Governed> {
-        let snap = ratelimit::parse(headers, env.now_ms);
+        let snap = ratelimit::parse(headers, &|| env.now());
         self.govern(flow, status, headers, body, &snap, env)
     }
 
@@ -818,7 +846,7 @@ impl Governor {
             return None;
         };
         let pool: &Pool = &self.cfg.pools[flow.pool];
-        let provider = retry_after::provider_delay(headers, body, snap, pool.dialect, env.now_ms);
+        let provider = retry_after::provider_delay(headers, body, snap, pool.dialect, env.now());
         let provider_ms = provider.map(|(ms, _)| ms);
         let ra = &self.cfg.retry_after;
         let cd = &self.cfg.cooldown;
@@ -902,7 +930,7 @@ impl Governor {
         if !self.key_exists_or_admit(&key, keys::COOLDOWN_KEY_COUNT, flow.pool, env) {
             return false;
         }
-        let now = env.now_ms;
+        let now = env.now();
         let jitter = self.cfg.retry_after.jitter;
         let result = store::update(env.store, &key, None, |cur| {
             let old = cur.and_then(CooldownRecord::decode);

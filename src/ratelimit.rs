@@ -124,64 +124,24 @@ fn uint(v: Option<&[u8]>) -> Option<u64> {
     time::whole_number(v?.trim_ascii())
 }
 
-/// Header names of one dimension: (limit, remaining, reset).
-type Names = (&'static str, &'static str, &'static str);
-
+/// OpenAI and Azure: `x-ratelimit-{limit,remaining,reset}-{dimension}`.
 const OPENAI_PREFIX: &[u8] = b"x-ratelimit-";
-const OPENAI: [(Dimension, Names); 2] = [
-    (
-        Dimension::Requests,
-        (
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-        ),
-    ),
-    (
-        Dimension::Tokens,
-        (
-            "x-ratelimit-limit-tokens",
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-        ),
-    ),
+const OPENAI: [(Dimension, &[u8]); 2] = [
+    (Dimension::Requests, b"requests"),
+    (Dimension::Tokens, b"tokens"),
 ];
 
+/// Anthropic: `anthropic-ratelimit-{dimension}-{limit,remaining,reset}`.
 const ANTHROPIC_PREFIX: &[u8] = b"anthropic-ratelimit-";
-const ANTHROPIC: [(Dimension, Names); 4] = [
-    (
-        Dimension::Requests,
-        (
-            "anthropic-ratelimit-requests-limit",
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-reset",
-        ),
-    ),
-    (
-        Dimension::Tokens,
-        (
-            "anthropic-ratelimit-tokens-limit",
-            "anthropic-ratelimit-tokens-remaining",
-            "anthropic-ratelimit-tokens-reset",
-        ),
-    ),
-    (
-        Dimension::InputTokens,
-        (
-            "anthropic-ratelimit-input-tokens-limit",
-            "anthropic-ratelimit-input-tokens-remaining",
-            "anthropic-ratelimit-input-tokens-reset",
-        ),
-    ),
-    (
-        Dimension::OutputTokens,
-        (
-            "anthropic-ratelimit-output-tokens-limit",
-            "anthropic-ratelimit-output-tokens-remaining",
-            "anthropic-ratelimit-output-tokens-reset",
-        ),
-    ),
+const ANTHROPIC: [(Dimension, &[u8]); 4] = [
+    (Dimension::Requests, b"requests"),
+    (Dimension::Tokens, b"tokens"),
+    (Dimension::InputTokens, b"input-tokens"),
+    (Dimension::OutputTokens, b"output-tokens"),
 ];
+
+/// The words of a window's three fields, in the order of a `Family` entry.
+const FIELDS: [&[u8]; 3] = [b"limit", b"remaining", b"reset"];
 
 const IETF_PREFIX: &[u8] = b"ratelimit";
 const IETF: [&str; 5] = [
@@ -199,40 +159,66 @@ type Family<'a, const N: usize> = [[Option<&'a [u8]>; 3]; N];
 /// Whether `name` starts with `prefix` (lowercase), in any case: exactly first, as Envoy
 /// hands names over lowercased.
 fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
-    name.starts_with(prefix)
-        || (name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix))
+    // The first byte rejects almost every other header before a compare call.
+    let (Some(first), Some(want)) = (name.first(), prefix.first()) else {
+        return prefix.is_empty();
+    };
+    first.to_ascii_lowercase() == *want
+        && name.len() >= prefix.len()
+        && same(&name[..prefix.len()], prefix)
 }
 
-/// Keep `value` in the slot of the first of `names` that is `name` and still empty. Envoy hands
-/// header names over lowercased, so an exact compare finds them; the case-insensitive one runs
-/// only for a name no exact compare matched.
+/// Whether `a` is `b` (lowercase) in any case: exactly first, as Envoy hands names over
+/// lowercased, so the byte-by-byte fold runs only for a name that is not.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a == b || folded_eq(a, b)
+}
+
+/// The fold itself, not inlined: `same`'s dozen call sites would each carry its loop.
+#[inline(never)]
+fn folded_eq(a: &[u8], b: &[u8]) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+/// Which field word `word` is (an index into `FIELDS`), in any case.
+fn field(word: &[u8]) -> Option<usize> {
+    FIELDS.iter().position(|f| same(word, f))
+}
+
+/// The (dimension, field) slot of an OpenAI name past its prefix: `{field}-{dimension}`.
+fn openai_slot(rest: &[u8]) -> Option<(usize, usize)> {
+    OPENAI.iter().enumerate().find_map(|(d, (_, dim))| {
+        let (word, tail) = rest.split_at_checked(rest.len().checked_sub(dim.len() + 1)?)?;
+        let named = tail.first() == Some(&b'-') && same(&tail[1..], dim);
+        named.then(|| Some((d, field(word)?)))?
+    })
+}
+
+/// The (dimension, field) slot of an Anthropic name past its prefix: `{dimension}-{field}`.
+fn anthropic_slot(rest: &[u8]) -> Option<(usize, usize)> {
+    ANTHROPIC.iter().enumerate().find_map(|(d, (_, dim))| {
+        let (head, word) = rest.split_at_checked(dim.len())?;
+        let named = same(head, dim) && word.first() == Some(&b'-');
+        named.then(|| Some((d, field(&word[1..])?)))?
+    })
+}
+
+/// Keep `value` in its slot unless an earlier header of the same name filled it (the first
+/// value wins, as `Headers::get` would find it). Each name has one slot in any case.
 fn keep<'a, const N: usize>(
     found: &mut Family<'a, N>,
-    names: &[(Dimension, Names); N],
-    name: &[u8],
+    slot: Option<(usize, usize)>,
     value: &'a [u8],
 ) {
-    for exact in [true, false] {
-        for (slots, (_, (limit, remaining, reset))) in found.iter_mut().zip(names) {
-            for (slot, n) in slots.iter_mut().zip([limit, remaining, reset]) {
-                let n = n.as_bytes();
-                if if exact {
-                    name == n
-                } else {
-                    name.eq_ignore_ascii_case(n)
-                } {
-                    slot.get_or_insert(value);
-                    return;
-                }
-            }
-        }
+    if let Some((d, f)) = slot {
+        found[d][f].get_or_insert(value);
     }
 }
 
 /// Read every rate-limit header family present on a response. Runs on every response, so it
 /// allocates nothing and looks at each header once: a header outside the three families costs
 /// three prefix compares.
-pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
+pub fn parse(h: &Headers, now: &dyn Fn() -> u64) -> Snapshot {
     let mut openai: Family<2> = Default::default();
     let mut anthropic: Family<4> = Default::default();
     let mut ietf: [Option<&[u8]>; 5] = Default::default();
@@ -240,16 +226,18 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
     h.for_each(|name, value| {
         if starts_with(name, OPENAI_PREFIX) {
             any_openai = true;
-            keep(&mut openai, &OPENAI, name, value);
+            keep(
+                &mut openai,
+                openai_slot(&name[OPENAI_PREFIX.len()..]),
+                value,
+            );
         } else if starts_with(name, ANTHROPIC_PREFIX) {
             any_anthropic = true;
-            keep(&mut anthropic, &ANTHROPIC, name, value);
+            let rest = &name[ANTHROPIC_PREFIX.len()..];
+            keep(&mut anthropic, anthropic_slot(rest), value);
         } else if starts_with(name, IETF_PREFIX) {
             any_ietf = true;
-            if let Some(i) = IETF
-                .iter()
-                .position(|n| name.eq_ignore_ascii_case(n.as_bytes()))
-            {
+            if let Some(i) = IETF.iter().position(|n| same(name, n.as_bytes())) {
                 ietf[i].get_or_insert(value);
             }
         }
@@ -272,7 +260,7 @@ pub fn parse(h: &Headers, now_ms: u64) -> Snapshot {
             w.reset_ms = w.reset_ms.or_else(|| {
                 text(reset)
                     .and_then(time::parse_rfc3339_ms)
-                    .and_then(|at| time::until(at, now_ms))
+                    .and_then(|at| time::until(at, now()))
             });
         }
     }

@@ -70,6 +70,19 @@ pub fn parse_go_duration_ms(s: &str) -> Option<u64> {
     if s.is_empty() {
         return None;
     }
+    // What OpenAI sends on nearly every response ("6ms", "0s", "17s"): whole milliseconds or
+    // seconds, read without the general loop below (which gives the same answer).
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if (1..=12).contains(&digits) {
+        let n = s.as_bytes()[..digits]
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        match &s[digits..] {
+            "ms" => return Some(n.min(MAX_PARSED_MS)),
+            "s" => return Some((n * 1000).min(MAX_PARSED_MS)),
+            _ => {}
+        }
+    }
     let mut rest = s;
     let mut total_ns: u128 = 0;
     while !rest.is_empty() {
@@ -247,9 +260,40 @@ mod tests {
         ] {
             assert_eq!(parse_go_duration_ms(s), Some(ms), "{s}");
         }
-        for bad in ["", "s", "5", "5x", "-1s", "1.5", "m5", "1s2", "NaNs"] {
+        for bad in [
+            "", "s", "5", "5x", "-1s", "1.5", "m5", "1s2", "NaNs", "5ms5", "5sms",
+        ] {
             assert_eq!(parse_go_duration_ms(bad), None, "{bad:?}");
         }
+        // Whole ms and s take a shortcut; written with a fraction they take the general loop:
+        // both give the same answer, up to the cap and past the shortcut's 12 digits.
+        for n in [
+            0u64,
+            1,
+            6,
+            17,
+            999,
+            60_000,
+            31_536_000_000,
+            999_999_999_999,
+            1_000_000_000_000,
+        ] {
+            for unit in ["ms", "s"] {
+                let whole = format!("{n}{unit}");
+                let general = format!("{n}.0{unit}");
+                assert_eq!(
+                    parse_go_duration_ms(&whole),
+                    parse_go_duration_ms(&general),
+                    "{whole}"
+                );
+                assert_eq!(
+                    parse_go_duration_ms(&format!("0{whole}")),
+                    parse_go_duration_ms(&whole)
+                );
+            }
+        }
+        assert_eq!(parse_go_duration_ms("2s"), Some(2000));
+        assert_eq!(parse_go_duration_ms("9999999999999s"), Some(MAX_PARSED_MS));
     }
 
     #[test]

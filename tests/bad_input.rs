@@ -129,7 +129,7 @@ fn rate_limit_gauges_ignore_garbage() {
         ("x-ratelimit-remaining-tokens", "99999999999999999999999"),
         ("ratelimit", "\"default\";r=;t=x"),
     ]);
-    let snap = ratelimit::parse(&Headers::new(&hs), common::T0);
+    let snap = ratelimit::parse(&Headers::new(&hs), &|| common::T0);
     assert_eq!(snap.requests.remaining, None);
     assert_eq!(snap.requests.limit, None);
     assert_eq!(snap.tokens.remaining, Some(u64::MAX));
@@ -142,13 +142,13 @@ fn respond_raw(
     hs: &[(String, Vec<u8>)],
     body: &[u8],
 ) -> llm_governor::policy::Governed {
-    use llm_governor::policy::{Env, ResponseStep};
+    use llm_governor::policy::{Clock, Env, ResponseStep};
     let flow = &mut flow.clone();
     let mut env = Env {
         store: &host.store,
         metrics: &mut host.metrics,
         rng: &mut host.rng,
-        now_ms: host.now_ms,
+        clock: Clock::At(host.now_ms),
     };
     let g = match host.governor.on_response_headers(
         flow,
@@ -166,4 +166,62 @@ fn respond_raw(
         ResponseStep::Pass => None,
     };
     g.unwrap_or_else(|| panic!("status {status} not governed"))
+}
+
+/// The response path reads the host's clock only when it needs the time: never for a plain
+/// success (nothing cools, nothing is paced), once for an answer that starts a cooldown, and
+/// the cooldown it starts is timed from that reading.
+#[test]
+fn the_clock_is_read_only_when_the_answer_needs_it() {
+    use llm_governor::policy::{Clock, Env, RequestDecision};
+    use std::cell::Cell;
+    let mut host = Host::new("{}");
+    let reads = Cell::new(0u32);
+    let at = host.now_ms;
+    let read = || {
+        reads.set(reads.get() + 1);
+        at
+    };
+    let respond = |host: &mut Host, status: u16, hs: &[(&str, &str)]| {
+        let mut flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
+        let mut env = Env {
+            store: &host.store,
+            metrics: &mut host.metrics,
+            rng: &mut host.rng,
+            clock: Clock::lazy(&read),
+        };
+        let hs = owned(hs);
+        host.governor.on_response_headers(
+            &mut flow,
+            status,
+            &Headers::new(&hs),
+            true,
+            true,
+            &mut env,
+        );
+        host.governor.on_stream_end(&mut flow, None, &mut env);
+    };
+    let plenty = [
+        ("x-ratelimit-remaining-requests", "99"),
+        ("x-ratelimit-reset-requests", "6ms"),
+    ];
+    respond(&mut host, 200, &plenty);
+    respond(&mut host, 201, &[]);
+    assert_eq!(reads.get(), 0, "a plain success read the clock");
+    // The provider says nothing is left: a preemptive cooldown, timed from one reading.
+    let empty = [
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "2s"),
+    ];
+    respond(&mut host, 200, &empty);
+    assert_eq!(reads.get(), 1);
+    match host.request("/v1/chat/completions", &[("authorization", "Bearer k")]) {
+        RequestDecision::Reply(_, r) => assert_eq!(r.status, 429),
+        other => panic!("expected a local 429 during the cooldown, got {other:?}"),
+    }
+    host.advance(2_001);
+    assert!(matches!(
+        host.request("/v1/chat/completions", &[("authorization", "Bearer k")]),
+        RequestDecision::Forward(_)
+    ));
 }

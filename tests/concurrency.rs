@@ -18,7 +18,7 @@ use llm_governor::config;
 use llm_governor::headers::{owned, Headers};
 use llm_governor::keys;
 use llm_governor::metrics::{Counter, Recorded};
-use llm_governor::policy::{Env, Governor, RequestDecision, RequestView};
+use llm_governor::policy::{Clock as EnvClock, Env, Governor, RequestDecision, RequestView};
 use llm_governor::retry_after::Random;
 use llm_governor::store::{self, MemStore, SharedStore, StoreError};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -105,7 +105,7 @@ fn request(
         store,
         metrics,
         rng: &mut rng,
-        now_ms: clock.now(),
+        clock: EnvClock::At(clock.now()),
     };
     matches!(gov.on_request(&view, &mut env), RequestDecision::Forward(_))
 }

@@ -6,7 +6,7 @@
 mod common;
 use common::{header, Host};
 use llm_governor::headers::{owned, Headers};
-use llm_governor::policy::{Env, RequestDecision, RequestView};
+use llm_governor::policy::{Clock, Env, RequestDecision, RequestView};
 use serde_json::{json, Value};
 
 /// The pool a request with this authority, path and headers is governed by.
@@ -21,7 +21,7 @@ fn pool_of(host: &mut Host, authority: &str, path: &str, headers: &[(&str, &str)
         store: &host.store,
         metrics: &mut host.metrics,
         rng: &mut host.rng,
-        now_ms: host.now_ms,
+        clock: Clock::At(host.now_ms),
     };
     let flow = match host.governor.on_request(&view, &mut env) {
         RequestDecision::Forward(f) | RequestDecision::Reply(f, _) => f,

@@ -18,7 +18,7 @@ use llm_governor::cooldown::{self, CooldownRecord, Wanted};
 use llm_governor::headers::{owned, Headers};
 use llm_governor::keys;
 use llm_governor::metrics::{Counter, Recorded};
-use llm_governor::policy::{Env, Governor, RequestDecision, RequestView};
+use llm_governor::policy::{Clock, Env, Governor, RequestDecision, RequestView};
 use llm_governor::retry_after;
 use llm_governor::store::{MemStore, SharedStore, StoreError};
 use llm_governor::time::MAX_PARSED_MS;
@@ -456,7 +456,7 @@ fn race(
                             store: &store,
                             metrics: &mut metrics,
                             rng: &mut rng,
-                            now_ms: *now_ms,
+                            clock: Clock::At(*now_ms),
                         };
                         if let RequestDecision::Forward(_) = governor.on_request(&view, &mut env) {
                             forwarded += 1;

@@ -17,7 +17,7 @@ fn openai_and_azure() {
         ("x-ratelimit-remaining-tokens", "0"),
         ("x-ratelimit-reset-tokens", "6m0s"),
     ]);
-    let s = parse(&Headers::new(&hs), NOW);
+    let s = parse(&Headers::new(&hs), &|| NOW);
     assert_eq!(
         s.requests,
         Window {
@@ -52,7 +52,7 @@ fn anthropic_with_input_and_output_tokens() {
         ),
         ("anthropic-ratelimit-output-tokens-remaining", "8000"),
     ]);
-    let s = parse(&Headers::new(&hs), NOW);
+    let s = parse(&Headers::new(&hs), &|| NOW);
     assert_eq!(
         s.requests,
         Window {
@@ -72,7 +72,7 @@ fn ietf_structured_and_legacy_fields() {
         ("ratelimit", "\"default\";r=7;t=30"),
         ("ratelimit-policy", "\"default\";q=100;w=60"),
     ]);
-    let s = parse(&Headers::new(&hs), NOW);
+    let s = parse(&Headers::new(&hs), &|| NOW);
     assert_eq!(
         s.requests,
         Window {
@@ -86,7 +86,7 @@ fn ietf_structured_and_legacy_fields() {
         ("ratelimit-remaining", "0"),
         ("ratelimit-reset", "3"),
     ]);
-    let s = parse(&Headers::new(&hs), NOW);
+    let s = parse(&Headers::new(&hs), &|| NOW);
     assert_eq!(
         s.requests,
         Window {
@@ -100,7 +100,7 @@ fn ietf_structured_and_legacy_fields() {
 #[test]
 fn no_headers_no_snapshot() {
     let hs = owned(&[("content-type", "application/json")]);
-    assert!(parse(&Headers::new(&hs), NOW).is_empty());
+    assert!(parse(&Headers::new(&hs), &|| NOW).is_empty());
 }
 
 #[test]
@@ -111,7 +111,7 @@ fn a_token_bucket_that_reports_empty_has_room_for_one_request_long_before_its_re
         ("x-ratelimit-remaining-tokens", "0"),
         ("x-ratelimit-reset-tokens", "60s"),
     ]);
-    let s = llm_governor::ratelimit::parse(&Headers::new(&hs), 0);
+    let s = llm_governor::ratelimit::parse(&Headers::new(&hs), &|| 0);
     assert_eq!(s.exhausted_reset_ms(), Some(60_000));
     assert_eq!(s.exhausted_wait_ms(Some(1_000)), Some(3_000));
     assert_eq!(
@@ -120,4 +120,63 @@ fn a_token_bucket_that_reports_empty_has_room_for_one_request_long_before_its_re
         "never past the reset"
     );
     assert_eq!(s.exhausted_wait_ms(Some(0)), Some(1));
+}
+
+/// Names in any case land in the same slot as lowercase ones, the first value of a name wins,
+/// and names that only resemble a family's (a missing or extra word, a dimension of the other
+/// family) fill nothing: through both header representations.
+#[test]
+fn names_match_in_any_case_first_value_wins_near_misses_ignored() {
+    use llm_governor::headers::WireHeaders;
+    let raw: Vec<(String, Vec<u8>)> = [
+        ("X-RateLimit-Limit-Requests", "500"),
+        ("x-ratelimit-limit-requests", "7"),
+        ("X-RATELIMIT-REMAINING-TOKENS", "0"),
+        ("x-ratelimit-Reset-Tokens", "2s"),
+        ("x-ratelimit-limit", "1"),
+        ("x-ratelimit--requests", "2"),
+        ("x-ratelimit-limit-requestsx", "3"),
+        ("x-ratelimit-limit-input-tokens", "4"),
+        ("x-ratelimit-remaining-requests-", "5"),
+        ("Anthropic-RateLimit-Output-Tokens-Remaining", "800"),
+        ("anthropic-ratelimit-output-tokens-", "6"),
+        ("anthropic-ratelimit-tokens", "7"),
+        ("anthropic-ratelimit-outputtokens-limit", "8"),
+        ("anthropic-ratelimit-requests-limit-x", "9"),
+    ]
+    .iter()
+    .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+    .collect();
+    let wire = WireHeaders::parse(WireHeaders::encode(
+        raw.iter().map(|(n, v)| (n.as_bytes(), v.as_slice())),
+    ))
+    .unwrap();
+    for h in [Headers::new(&raw), Headers::wire(&wire)] {
+        let s = parse(&h, &|| NOW);
+        assert_eq!(
+            s.requests,
+            Window {
+                limit: Some(500),
+                remaining: None,
+                reset_ms: None
+            }
+        );
+        assert_eq!(
+            s.tokens,
+            Window {
+                limit: None,
+                remaining: Some(0),
+                reset_ms: Some(2000)
+            }
+        );
+        assert_eq!(s.input_tokens, Window::default());
+        assert_eq!(
+            s.output_tokens,
+            Window {
+                limit: None,
+                remaining: Some(800),
+                reset_ms: None
+            }
+        );
+    }
 }

@@ -69,7 +69,7 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
             store: &host.store,
             metrics: &mut host.metrics,
             rng: &mut host.rng,
-            now_ms: host.now_ms,
+            clock: llm_governor::policy::Clock::At(host.now_ms),
         },
     );
     // ...and is refused until 501 tokens have refilled at 100 per second.

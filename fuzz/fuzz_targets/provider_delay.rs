@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         .pseudo(":dialect")
         .and_then(Dialect::parse)
         .unwrap_or(Dialect::Auto);
-    let snap = ratelimit::parse(&h, now);
+    let snap = ratelimit::parse(&h, &|| now);
     let delay = retry_after::provider_delay(&h, input.body, &snap, dialect, now);
     if let Some(sub) = retry_after::sub_second_wait(&h, &snap) {
         assert!((1..1000).contains(&sub), "sub-second wait {sub}");

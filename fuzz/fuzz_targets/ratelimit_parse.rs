@@ -10,10 +10,10 @@ use llm_governor_fuzz::Http;
 fuzz_target!(|data: &[u8]| {
     let input = Http::parse(data);
     let h = Headers::new(&input.headers);
-    let snap = ratelimit::parse(&h, input.now_ms());
+    let snap = ratelimit::parse(&h, &|| input.now_ms());
     assert_eq!(
         snap,
-        ratelimit::parse(&h, input.now_ms()),
+        ratelimit::parse(&h, &|| input.now_ms()),
         "not deterministic"
     );
     for d in Dimension::ALL {

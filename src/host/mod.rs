@@ -13,7 +13,7 @@ use crate::headers::{Headers, WireHeaders};
 use crate::hold::{Holds, Release, Step};
 use crate::metrics::Counter;
 use crate::policy::{
-    Env, Flow, Governor, RequestView, ResponseStep, STEERING_HEADER as POOL_HEADER,
+    Clock, Env, Flow, Governor, RequestView, ResponseStep, STEERING_HEADER as POOL_HEADER,
 };
 use crate::reply::{LocalReply, HELD_MS_HEADER};
 use crate::usage::UsageScanner;
@@ -111,13 +111,18 @@ impl Shared {
     /// Run a policy call with the host's store, metrics and randomness at `now_ms` (read once
     /// per callback: every hostcall crosses the V8 boundary).
     fn with_env<T>(&self, now_ms: u64, f: impl FnOnce(&Governor, &mut Env) -> T) -> Option<T> {
+        self.with_clock(Clock::At(now_ms), f)
+    }
+
+    /// `with_env` with a clock the policy reads only if it needs the time.
+    fn with_clock<T>(&self, clock: Clock, f: impl FnOnce(&Governor, &mut Env) -> T) -> Option<T> {
         let mut metrics = self.metrics.try_borrow_mut().ok()?;
         let mut rng = self.rng.try_borrow_mut().ok()?;
         let mut env = Env {
             store: &HostStore,
             metrics: &mut *metrics,
             rng: &mut *rng,
-            now_ms,
+            clock,
         };
         Some(f(&self.governor, &mut env))
     }
@@ -243,8 +248,9 @@ impl Shared {
     }
 
     /// Body callbacks are known to work on this worker (or it is time to try again).
-    fn body_callbacks_expected(&self, now: u64) -> bool {
-        now >= self.headers_only_until.get()
+    fn body_callbacks_expected(&self, now: impl FnOnce() -> u64) -> bool {
+        let until = self.headers_only_until.get();
+        until == 0 || now() >= until
     }
 
     /// Classify a held response from `body` (empty when none came) and set its headers.
@@ -386,7 +392,7 @@ impl Shared {
                         continue;
                     }
                     record_for_access_log(&reply.headers);
-                    if body_done || !self.body_callbacks_expected(now) {
+                    if body_done || !self.body_callbacks_expected(|| now) {
                         send_reply(&reply);
                     } else {
                         self.wait(
@@ -620,7 +626,7 @@ impl Filter {
             }
             Some(Step::Reply(_, reply)) => {
                 record_for_access_log(&reply.headers);
-                if body_done || !shared.body_callbacks_expected(now) {
+                if body_done || !shared.body_callbacks_expected(|| now) {
                     return send_reply(&reply);
                 }
                 drop_request_body(buffered);
@@ -661,13 +667,15 @@ impl Filter {
         }
         if self.still_held() {
             if let Ok(mut holds) = shared.holds.try_borrow_mut() {
-                shared.with_env(now(), |_, env| holds.forget(id, env));
+                shared.with_clock(Clock::lazy(&now), |_, env| holds.forget(id, env));
             }
             shared.unhold(id);
         }
         let usage = self.usage.take().and_then(|s| s.total());
         if let Some(flow) = self.flow().filter(|f| f.owes_at_end() || usage.is_some()) {
-            shared.with_env(now(), |g, env| g.on_stream_end(flow, usage, env));
+            shared.with_clock(Clock::lazy(&now), |g, env| {
+                g.on_stream_end(flow, usage, env)
+            });
         }
         shared.tick_as_needed();
     }
@@ -708,7 +716,7 @@ impl HttpContext for Filter {
         let shared = self.shared.clone();
         let id = self.context_id;
         let g = &shared.governor;
-        if g.reads_body() && !end_of_stream && shared.body_callbacks_expected(now) {
+        if g.reads_body() && !end_of_stream && shared.body_callbacks_expected(|| now) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             let read = BodyRead {
                 flow: g.flow_for(&view),
@@ -816,7 +824,10 @@ impl HttpContext for Filter {
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
         let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
-        let now = abi::now_ms();
+        // A plain success needs no time (nothing cools, nothing waits): the clock is read only
+        // when the policy asks, once.
+        let now = std::cell::OnceCell::new();
+        let now = || *now.get_or_init(abi::now_ms);
         let governed = classify::is_governed_status(status);
         // An error the provider sent used no tokens: its reservations are given back. Envoy's
         // own errors (a reset, a timeout) say nothing of what the provider did: kept.
@@ -825,14 +836,14 @@ impl HttpContext for Filter {
         if governed && !upstream {
             // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
             // provider saying "not now": leave it ungoverned.
-            shared.with_env(now, |g, env| g.on_envoy_response(flow, env));
+            shared.with_clock(Clock::lazy(&now), |g, env| g.on_envoy_response(flow, env));
             return Action::Continue;
         }
         if refund && upstream {
-            shared.with_env(now, |g, env| g.on_upstream_error(flow, env));
+            shared.with_clock(Clock::lazy(&now), |g, env| g.on_upstream_error(flow, env));
         }
         let body_available = shared.body_callbacks_expected(now);
-        let step = shared.with_env(now, |g, env| {
+        let step = shared.with_clock(Clock::lazy(&now), |g, env| {
             g.on_response_headers(
                 flow,
                 status,
@@ -860,7 +871,7 @@ impl HttpContext for Filter {
                         flow,
                         status,
                         headers: pairs,
-                        until_ms: now + BODY_WAIT_MS,
+                        until_ms: now() + BODY_WAIT_MS,
                     },
                 );
                 Action::Pause

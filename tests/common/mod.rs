@@ -8,7 +8,7 @@ use llm_governor::headers::{owned, Headers};
 use llm_governor::hold::{Holds, Release, Step};
 use llm_governor::metrics::Recorded;
 use llm_governor::policy::{
-    Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
+    Clock, Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
 };
 use llm_governor::retry_after::Random;
 use llm_governor::store::MemStore;
@@ -209,7 +209,7 @@ impl Host {
             store,
             metrics,
             rng,
-            now_ms: *now_ms,
+            clock: Clock::At(*now_ms),
         };
         (governor, holds, env)
     }

@@ -10,7 +10,7 @@ use llm_governor::deadline;
 use llm_governor::headers::{Headers, WireHeaders};
 use llm_governor::hold::{Holds, Step};
 use llm_governor::metrics::{Counter, Gauge, Histogram, Metrics};
-use llm_governor::policy::{Env, Flow, Governor, RequestView};
+use llm_governor::policy::{Clock, Env, Flow, Governor, RequestView};
 use llm_governor::retry_after::Random;
 use llm_governor::store::{self, MemStore, SharedStore, StoreError};
 use std::hint::black_box;
@@ -209,7 +209,7 @@ fn request_path(
         authority: Headers::wire(&req).get(":authority").unwrap_or(b""),
         headers: Headers::wire(&req),
     };
-    let mut env = Env { store, metrics, rng, now_ms };
+    let mut env = Env { store, metrics, rng, clock: Clock::At(now_ms) };
     let flow = gov.flow_for(&view);
     let budget = deadline::hold_budget_ms(&gov.cfg.hold, &view.headers);
     match holds.request(gov, flow, budget, i as u32, &mut env) {
@@ -230,7 +230,7 @@ fn response_path(
     metrics: &mut CountingMetrics,
     rng: &mut Rng,
 ) {
-    let mut env = Env { store, metrics, rng, now_ms };
+    let mut env = Env { store, metrics, rng, clock: Clock::At(now_ms) };
     let pairs = WireHeaders::parse(wire.to_vec()).unwrap_or_default();
     black_box(gov.on_response_headers(flow, 200, &Headers::wire(&pairs), false, true, &mut env));
     gov.on_stream_end(flow, None, &mut env);
