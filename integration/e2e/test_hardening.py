@@ -112,7 +112,7 @@ class _LateEndUpstream(RawUpstream):
             if self.read_request(conn) is None:
                 return
             conn.sendall(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
-                         b"transfer-encoding: chunked\r\n\r\n"
+                         b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
                          + f"{len(QUOTA_BODY):x}\r\n".encode() + QUOTA_BODY + b"\r\n")
             time.sleep(self.late_s)
             conn.sendall(b"0\r\n\r\n")

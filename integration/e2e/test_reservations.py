@@ -259,8 +259,10 @@ class _EchoUpstream(RawUpstream):
                     break
                 body += chunk
         self.bodies.append(body)
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                     + str(len(self.ANSWER)).encode() + b"\r\n\r\n" + self.ANSWER)
+        # `connection: close`, or Envoy may reuse the connection this closes and answer the
+        # next request with a 503 of its own (seen once: the upstream reset race).
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                     b"content-length: " + str(len(self.ANSWER)).encode() + b"\r\n\r\n" + self.ANSWER)
         conn.close()
 
 
