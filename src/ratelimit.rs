@@ -171,7 +171,7 @@ fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
 /// Whether `a` is `b` (lowercase) in any case: exactly first, as Envoy hands names over
 /// lowercased, so the byte-by-byte fold runs only for a name that is not.
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a == b || folded_eq(a, b)
+    a.len() == b.len() && (a == b || folded_eq(a, b))
 }
 
 /// The fold itself, not inlined: `same`'s dozen call sites would each carry its loop.

@@ -13,6 +13,7 @@ use llm_governor::metrics::{Counter, Gauge, Histogram, Metrics};
 use llm_governor::policy::{Clock, Env, Flow, Governor, RequestView};
 use llm_governor::retry_after::Random;
 use llm_governor::store::{self, MemStore, SharedStore, StoreError};
+use std::cell::Cell;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -70,36 +71,41 @@ impl SharedStore for CountingStore {
     }
 }
 
-/// Hostcalls of one phase: shared-data reads, writes and metric calls, summed over requests.
+/// Hostcalls of one phase: shared-data reads, writes, metric calls and clock reads, summed
+/// over requests.
 #[derive(Default, Clone, Copy)]
 struct Calls {
     gets: u64,
     sets: u64,
     metrics: u64,
+    clock: u64,
 }
 impl Calls {
-    fn now(store: &CountingStore, metrics: &CountingMetrics) -> Calls {
-        Calls { gets: store.gets.get(), sets: store.sets.get(), metrics: metrics.calls }
+    fn now(store: &CountingStore, metrics: &CountingMetrics, clock: &Cell<u64>) -> Calls {
+        Calls { gets: store.gets.get(), sets: store.sets.get(), metrics: metrics.calls, clock: clock.get() }
     }
     fn since(self, before: Calls) -> Calls {
         Calls {
             gets: self.gets - before.gets,
             sets: self.sets - before.sets,
             metrics: self.metrics - before.metrics,
+            clock: self.clock - before.clock,
         }
     }
     fn add(&mut self, d: Calls) {
         self.gets += d.gets;
         self.sets += d.sets;
         self.metrics += d.metrics;
+        self.clock += d.clock;
     }
     fn json(&self, n: u64) -> String {
         let per = |x: u64| x as f64 / n.max(1) as f64;
         format!(
-            "{{\"shared_data_get\":{:.2},\"shared_data_set\":{:.2},\"metric\":{:.2}}}",
+            "{{\"shared_data_get\":{:.2},\"shared_data_set\":{:.2},\"metric\":{:.2},\"clock\":{:.2}}}",
             per(self.gets),
             per(self.sets),
-            per(self.metrics)
+            per(self.metrics),
+            per(self.clock)
         )
     }
 }
@@ -168,16 +174,24 @@ fn hotpath(cfg_json: &str, iterations: u64) {
     let start = Instant::now();
     let mut forwarded = 0u64;
     let (mut req_calls, mut resp_calls) = (Calls::default(), Calls::default());
+    // Clock reads: the host reads the clock on every request's headers, and on the response
+    // path only when the policy asks (a lazy clock, counted here).
+    let clock = Cell::new(0u64);
     for i in 0..iterations {
         let now_ms = 1_700_000_000_000 + i / 20;
-        let before = Calls::now(&store, &metrics);
+        let before = Calls::now(&store, &metrics, &clock);
+        clock.set(clock.get() + 1);
         let go = request_path(&gov, &mut holds, &req_wires[(i % 1000) as usize], i, now_ms, &store, &mut metrics, &mut rng);
-        let middle = Calls::now(&store, &metrics);
+        let middle = Calls::now(&store, &metrics, &clock);
         req_calls.add(middle.since(before));
         if let Some(mut flow) = go {
             forwarded += 1;
-            response_path(&gov, &mut flow, &resp_wire, now_ms, &store, &mut metrics, &mut rng);
-            resp_calls.add(Calls::now(&store, &metrics).since(middle));
+            let read = || {
+                clock.set(clock.get() + 1);
+                now_ms
+            };
+            response_path(&gov, &mut flow, &resp_wire, &read, &store, &mut metrics, &mut rng);
+            resp_calls.add(Calls::now(&store, &metrics, &clock).since(middle));
         }
     }
     let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
@@ -225,12 +239,12 @@ fn response_path(
     gov: &Governor,
     flow: &mut Flow,
     wire: &[u8],
-    now_ms: u64,
+    now: &dyn Fn() -> u64,
     store: &CountingStore,
     metrics: &mut CountingMetrics,
     rng: &mut Rng,
 ) {
-    let mut env = Env { store, metrics, rng, clock: Clock::At(now_ms) };
+    let mut env = Env { store, metrics, rng, clock: Clock::lazy(now) };
     let pairs = WireHeaders::parse(wire.to_vec()).unwrap_or_default();
     black_box(gov.on_response_headers(flow, 200, &Headers::wire(&pairs), false, true, &mut env));
     gov.on_stream_end(flow, None, &mut env);
