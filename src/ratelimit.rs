@@ -5,7 +5,7 @@
 //! {limit,remaining,reset}` (resets are RFC 3339 instants). IETF drafts: the structured
 //! `RateLimit` / `RateLimit-Policy` fields and the older `RateLimit-Limit/-Remaining/-Reset`.
 
-use crate::headers::{self, Headers};
+use crate::headers::{self, same_name as same, Headers};
 use crate::time;
 
 /// A rate-limit dimension a provider counts.
@@ -166,18 +166,6 @@ fn starts_with(name: &[u8], prefix: &[u8]) -> bool {
     first.to_ascii_lowercase() == *want
         && name.len() >= prefix.len()
         && same(&name[..prefix.len()], prefix)
-}
-
-/// Whether `a` is `b` (lowercase) in any case: exactly first, as Envoy hands names over
-/// lowercased, so the byte-by-byte fold runs only for a name that is not.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && (a == b || folded_eq(a, b))
-}
-
-/// The fold itself, not inlined: `same`'s dozen call sites would each carry its loop.
-#[inline(never)]
-fn folded_eq(a: &[u8], b: &[u8]) -> bool {
-    a.eq_ignore_ascii_case(b)
 }
 
 /// Which field word `word` is (an index into `FIELDS`), in any case.
