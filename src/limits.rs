@@ -15,6 +15,7 @@ use crate::store::{self, UpdateError};
 /// Something a request took from a limit, to give back if a later limit refuses it.
 struct Taken {
     limit: usize,
+    /// The bucket's shared-data key (empty for a leased take: it goes back to the lease).
     key: String,
     tokens: u64,
     /// From the worker's lease of this key id, not from shared data.
@@ -31,19 +32,15 @@ impl Governor {
         for (i, limit) in self.cfg.limits.iter().enumerate() {
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
             let now = env.now();
-            let key = if holds_slot(limit.kind) {
-                keys::slots_key(&limit.name, key_id)
-            } else {
-                keys::bucket_key(&limit.name, key_id)
-            };
             // What an expired lease of this worker left goes back in this update.
             let mut unspent = 0;
             if limit.kind == LimitKind::Requests {
                 match self.leases.spend((i, key_id), now) {
                     Ok(()) => {
+                        // A leased take is given back to the lease: it needs no key.
                         taken.push(Taken {
                             limit: i,
-                            key,
+                            key: String::new(),
                             tokens: 1,
                             leased: Some(key_id),
                         });
@@ -52,6 +49,11 @@ impl Governor {
                     Err(left) => unspent = left,
                 }
             }
+            let key = if holds_slot(limit.kind) {
+                keys::slots_key(&limit.name, key_id)
+            } else {
+                keys::bucket_key(&limit.name, key_id)
+            };
             // The read that tells whether the key exists is the first read of the update.
             let (key, known, own) = self.existing_or_overflow(i, key, flow.pool, env);
             // What the request takes from a bucket: one request, its token reservation, or
