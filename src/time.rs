@@ -73,13 +73,10 @@ pub fn parse_go_duration_ms(s: &str) -> Option<u64> {
     // What OpenAI sends on nearly every response ("6ms", "0s", "17s"): whole milliseconds or
     // seconds, read without the general loop below (which gives the same answer).
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    if (1..=12).contains(&digits) {
-        let n = s.as_bytes()[..digits]
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    if let Some(n) = whole_number(&s.as_bytes()[..digits]) {
         match &s[digits..] {
             "ms" => return Some(n.min(MAX_PARSED_MS)),
-            "s" => return Some((n * 1000).min(MAX_PARSED_MS)),
+            "s" => return Some(n.saturating_mul(1000).min(MAX_PARSED_MS)),
             _ => {}
         }
     }
@@ -266,7 +263,7 @@ mod tests {
             assert_eq!(parse_go_duration_ms(bad), None, "{bad:?}");
         }
         // Whole ms and s take a shortcut; written with a fraction they take the general loop:
-        // both give the same answer, up to the cap and past the shortcut's 12 digits.
+        // both give the same answer, up to the cap and past it.
         for n in [
             0u64,
             1,
