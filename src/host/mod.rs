@@ -660,8 +660,7 @@ impl Filter {
         let shared = self.shared.clone();
         let id = self.context_id;
         // Most streams owe nothing at their end: read the clock only for those that do.
-        let now = std::cell::OnceCell::new();
-        let now = || *now.get_or_init(abi::now_ms);
+        let now = clock_on_demand();
         if let Some(Wait::ResponseBody { flow, .. }) = shared.take_wait(id) {
             self.flow = Some(flow);
         }
@@ -687,6 +686,13 @@ impl Drop for Filter {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// The host's clock, read on the first call and the same for every later one: one callback's
+/// policy calls share one reading, and a callback that needs no time makes no hostcall.
+fn clock_on_demand() -> impl Fn() -> u64 {
+    let once = std::cell::OnceCell::new();
+    move || *once.get_or_init(abi::now_ms)
 }
 
 fn header<'a>(map: &'a WireHeaders, name: &str) -> &'a [u8] {
@@ -826,8 +832,7 @@ impl HttpContext for Filter {
         let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
         // A plain success needs no time (nothing cools, nothing waits): the clock is read only
         // when the policy asks, once.
-        let now = std::cell::OnceCell::new();
-        let now = || *now.get_or_init(abi::now_ms);
+        let now = clock_on_demand();
         let governed = classify::is_governed_status(status);
         // An error the provider sent used no tokens: its reservations are given back. Envoy's
         // own errors (a reset, a timeout) say nothing of what the provider did: kept.
@@ -842,7 +847,7 @@ impl HttpContext for Filter {
         if refund && upstream {
             shared.with_clock(Clock::lazy(&now), |g, env| g.on_upstream_error(flow, env));
         }
-        let body_available = shared.body_callbacks_expected(now);
+        let body_available = shared.body_callbacks_expected(&now);
         let step = shared.with_clock(Clock::lazy(&now), |g, env| {
             g.on_response_headers(
                 flow,
