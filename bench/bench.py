@@ -601,7 +601,7 @@ HOTPATH_CONFIGS = [("d", "{}", "{}"), ("e", "one request limit", ONE_LIMIT),
                    ("g", "hold + max_in_flight + fallback, nothing cooling", FULL)]
 # Host calls the host layer makes on every request whatever the configuration (src/host): the
 # header map of each path. core-bench counts the rest per path: shared data, metrics and the
-# clock (read on every request's headers; on the response path only when the policy asks).
+# clock (read on either path only when the policy asks for the time).
 FIXED_HOSTCALLS = {"request_path": 1, "response_path": 1}
 
 

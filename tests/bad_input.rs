@@ -4,7 +4,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{header, Host};
+use common::{header, view, Host};
 use llm_governor::headers::{owned, Headers};
 use llm_governor::ratelimit;
 
@@ -168,9 +168,9 @@ fn respond_raw(
     g.unwrap_or_else(|| panic!("status {status} not governed"))
 }
 
-/// The response path reads the host's clock only when it needs the time: never for a plain
-/// success (nothing cools, nothing is paced), once for an answer that starts a cooldown, and
-/// the cooldown it starts is timed from that reading.
+/// The policy reads the host's clock only when it needs the time: never for a plain
+/// success (nothing cools, nothing is paced) and for a request nothing cools, once for an
+/// answer that starts a cooldown (timed from that reading) and for a request it then refuses.
 #[test]
 fn the_clock_is_read_only_when_the_answer_needs_it() {
     use llm_governor::policy::{Clock, Env, RequestDecision};
@@ -201,6 +201,19 @@ fn the_clock_is_read_only_when_the_answer_needs_it() {
         );
         host.governor.on_stream_end(&mut flow, None, &mut env);
     };
+    let ask = |host: &mut Host| {
+        let hs = owned(&[("authorization", "Bearer k")]);
+        let mut env = Env {
+            store: &host.store,
+            metrics: &mut host.metrics,
+            rng: &mut host.rng,
+            clock: Clock::lazy(&read),
+        };
+        host.governor
+            .on_request(&view("/v1/chat/completions", &hs), &mut env)
+    };
+    assert!(matches!(ask(&mut host), RequestDecision::Forward(_)));
+    assert_eq!(reads.get(), 0, "a request nothing cools read the clock");
     let plenty = [
         ("x-ratelimit-remaining-requests", "99"),
         ("x-ratelimit-reset-requests", "6ms"),
@@ -219,6 +232,9 @@ fn the_clock_is_read_only_when_the_answer_needs_it() {
         RequestDecision::Reply(_, r) => assert_eq!(r.status, 429),
         other => panic!("expected a local 429 during the cooldown, got {other:?}"),
     }
+    // A request of the cooling account needs the time to compare with the cooldown's end.
+    assert!(matches!(ask(&mut host), RequestDecision::Reply(..)));
+    assert_eq!(reads.get(), 2);
     host.advance(2_001);
     assert!(matches!(
         host.request("/v1/chat/completions", &[("authorization", "Bearer k")]),

@@ -608,7 +608,7 @@ impl Filter {
         step: Option<Step>,
         body_done: bool,
         buffered: usize,
-        now: u64,
+        now: &dyn Fn() -> u64,
     ) -> Action {
         let shared = self.shared.clone();
         let id = self.context_id;
@@ -626,7 +626,7 @@ impl Filter {
             }
             Some(Step::Reply(_, reply)) => {
                 record_for_access_log(&reply.headers);
-                if body_done || !shared.body_callbacks_expected(|| now) {
+                if body_done || !shared.body_callbacks_expected(now) {
                     return send_reply(&reply);
                 }
                 drop_request_body(buffered);
@@ -634,7 +634,7 @@ impl Filter {
                     id,
                     Wait::RequestBodyEnd {
                         reply,
-                        until_ms: now + REQUEST_BODY_WAIT_MS,
+                        until_ms: now() + REQUEST_BODY_WAIT_MS,
                     },
                 );
                 Action::Pause
@@ -718,11 +718,12 @@ impl HttpContext for Filter {
             authority: header(&pairs, ":authority"),
             headers: Headers::wire(&pairs),
         };
-        let now = abi::now_ms();
+        // A request nothing is cooling or limiting by time is decided without the clock.
+        let now = clock_on_demand();
         let shared = self.shared.clone();
         let id = self.context_id;
         let g = &shared.governor;
-        if g.reads_body() && !end_of_stream && shared.body_callbacks_expected(|| now) {
+        if g.reads_body() && !end_of_stream && shared.body_callbacks_expected(&now) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             let read = BodyRead {
                 flow: g.flow_for(&view),
@@ -732,14 +733,14 @@ impl HttpContext for Filter {
                     .get_str("content-length")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
-                until_ms: now + BODY_WAIT_MS,
+                until_ms: now() + BODY_WAIT_MS,
                 seen: false,
             };
             shared.wait(id, Wait::RequestBody(read));
             self.reading_body = true;
             return Action::Pause;
         }
-        let step = shared.with_env(now, |g, env| {
+        let step = shared.with_clock(Clock::lazy(&now), |g, env| {
             let flow = g.flow_for(&view);
             let budget = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
             match shared.holds.try_borrow_mut() {
@@ -747,7 +748,7 @@ impl HttpContext for Filter {
                 Err(_) => Step::Go(flow),
             }
         });
-        self.take_step(step, end_of_stream, 0, now)
+        self.take_step(step, end_of_stream, 0, &now)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -763,7 +764,7 @@ impl HttpContext for Filter {
                     let step = self
                         .shared
                         .admit_read(self.context_id, read, Some(body_size), now);
-                    return self.take_step(step, end_of_stream, body_size, now);
+                    return self.take_step(step, end_of_stream, body_size, &|| now);
                 }
                 // The tick admitted it on what had arrived (the body was slow): it may be held.
                 None => self.held = true,
@@ -793,7 +794,7 @@ impl HttpContext for Filter {
                 Some(read) => {
                     let now = abi::now_ms();
                     let step = self.shared.admit_read(self.context_id, read, None, now);
-                    return self.take_step(step, true, estimate::MAX_BODY, now);
+                    return self.take_step(step, true, estimate::MAX_BODY, &|| now);
                 }
                 None => self.held = true,
             }

@@ -220,7 +220,7 @@ impl Host {
 }
 
 /// A request to api.example.com at `path` with headers `hs`.
-fn view<'a>(path: &'a str, hs: &'a [(String, Vec<u8>)]) -> RequestView<'a> {
+pub fn view<'a>(path: &'a str, hs: &'a [(String, Vec<u8>)]) -> RequestView<'a> {
     RequestView {
         path: path.as_bytes(),
         authority: b"api.example.com",
