@@ -1,10 +1,11 @@
 //! Read-only view over a header list as the host hands it over: lowercase names, raw bytes.
 //!
 //! The host hands a header map over as one buffer in the proxy-wasm wire format; `WireHeaders`
-//! keeps that buffer and the offsets of each name and value, so reading headers costs two
-//! allocations per callback instead of two per header. It also keeps a 64-bit summary of the
-//! names it holds (one bit per name, from its length and first and last bytes): most lookups
-//! are for a header the request does not carry, and the summary answers those with one test.
+//! keeps that buffer and reads names and values in place, walking its length table: reading
+//! headers costs the one allocation the host makes per callback, not two per header. It also
+//! keeps a 64-bit summary of the names it holds (one bit per name, from its length and first
+//! and last bytes): most lookups are for a header the request does not carry, and the summary
+//! answers those with one test.
 
 /// A header list. Values are untrusted bytes; names are compared case-insensitively.
 #[derive(Clone, Copy)]
@@ -48,7 +49,7 @@ impl<'a> Headers<'a> {
     pub fn for_each(&self, mut f: impl FnMut(&'a [u8], &'a [u8])) {
         match self.repr {
             Repr::Owned(pairs) => pairs.iter().for_each(|(n, v)| f(n.as_bytes(), v)),
-            Repr::Wire(w) => w.spans.iter().for_each(|s| f(w.name(s), w.value(s))),
+            Repr::Wire(w) => w.pairs().for_each(|(n, v)| f(n, v)),
         }
     }
 
@@ -63,11 +64,7 @@ impl<'a> Headers<'a> {
                 .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_slice()),
             Repr::Wire(w) if w.names & name_bit(name) == 0 => None,
-            Repr::Wire(w) => w
-                .spans
-                .iter()
-                .find(|s| same_name(w.name(s), name))
-                .map(|s| w.value(s)),
+            Repr::Wire(w) => w.pairs().find(|(n, _)| same_name(n, name)).map(|(_, v)| v),
         }
     }
 
@@ -139,23 +136,22 @@ fn name_bit(name: &[u8]) -> u64 {
     1 << (h >> 26)
 }
 
-/// Where one header's name and value sit in the buffer (the name ends at the NUL before
-/// `value_at`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Span {
-    name_at: u32,
-    value_at: u32,
-    value_len: u32,
-}
-
 /// A header map in the proxy-wasm wire format: a count, then (name length, value length) pairs,
-/// then each name and value followed by a NUL.
+/// then each name and value followed by a NUL. Checked once by `parse`; read by walking the
+/// length table (every read is in order, so no offsets are kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WireHeaders {
     bytes: Vec<u8>,
-    spans: Vec<Span>,
+    /// Where the names and values start (past the length table).
+    data_at: usize,
     /// The `name_bit` of every name, or-ed: a name whose bit is clear is not here.
     names: u64,
+}
+
+/// The (name length, value length) of one entry of the length table.
+fn lengths(e: &[u8; 8]) -> (usize, usize) {
+    let le = |i: usize| u32::from_le_bytes([e[i], e[i + 1], e[i + 2], e[i + 3]]) as usize;
+    (le(0), le(4))
 }
 
 impl WireHeaders {
@@ -164,48 +160,42 @@ impl WireHeaders {
         if bytes.is_empty() {
             return Some(WireHeaders::default());
         }
-        let u32_at = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        let count = u32_at(bytes.get(..4)?);
-        let mut p = 4usize.checked_add(count.checked_mul(8)?)?;
-        // Offsets are kept as u32: the buffer's length must fit one (a header map is far smaller).
-        if p > bytes.len() || u32::try_from(bytes.len()).is_err() {
+        let count = u32::from_le_bytes(*bytes.first_chunk::<4>()?) as usize;
+        let data_at = 4usize.checked_add(count.checked_mul(8)?)?;
+        if data_at > bytes.len() {
             return None;
         }
-        let mut spans = Vec::with_capacity(count);
+        let mut p = data_at;
         let mut names = 0;
-        for entry in bytes[4..p].chunks_exact(8) {
-            let (name_len, value_len) = (u32_at(&entry[..4]), u32_at(&entry[4..]));
+        for entry in bytes[4..data_at].chunks_exact(8) {
+            let (name_len, value_len) = lengths(entry.try_into().ok()?);
             let name_at = p;
-            let value_at = name_at.checked_add(name_len)?.checked_add(1)?;
-            p = value_at.checked_add(value_len)?.checked_add(1)?;
+            p = name_at
+                .checked_add(name_len)?
+                .checked_add(value_len)?
+                .checked_add(2)?;
             if p > bytes.len() {
                 return None;
             }
             names |= name_bit(&bytes[name_at..name_at + name_len]);
-            spans.push(Span {
-                name_at: name_at as u32,
-                value_at: value_at as u32,
-                value_len: value_len as u32,
-            });
         }
         Some(WireHeaders {
             bytes,
-            spans,
+            data_at,
             names,
         })
     }
 
-    fn name(&self, s: &Span) -> &[u8] {
-        &self.bytes[s.name_at as usize..s.value_at as usize - 1]
-    }
-
-    fn value(&self, s: &Span) -> &[u8] {
-        let at = s.value_at as usize;
-        &self.bytes[at..at + s.value_len as usize]
-    }
-
-    pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().map(|s| (self.name(s), self.value(s)))
+    pub fn pairs(&self) -> Entries<'_> {
+        Entries {
+            bytes: &self.bytes,
+            table: self
+                .bytes
+                .get(4..self.data_at)
+                .unwrap_or(&[])
+                .chunks_exact(8),
+            at: self.data_at,
+        }
     }
 
     /// Encode pairs in the wire format (the inverse of `parse`; tests and the host's replies).
@@ -224,6 +214,28 @@ impl WireHeaders {
             out.push(0);
         }
         out
+    }
+}
+
+/// The (name, value) pairs of a `WireHeaders`, in order, read off its length table.
+pub struct Entries<'a> {
+    bytes: &'a [u8],
+    table: std::slice::ChunksExact<'a, u8>,
+    at: usize,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let (name_len, value_len) = lengths(self.table.next()?.try_into().ok()?);
+        // `parse` checked that every name and value fits the buffer.
+        let value_at = self.at + name_len + 1;
+        let name = self.bytes.get(self.at..value_at - 1)?;
+        let value = self.bytes.get(value_at..value_at + value_len)?;
+        self.at = value_at + value_len + 1;
+        Some((name, value))
     }
 }
 
