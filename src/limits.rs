@@ -29,7 +29,11 @@ impl Governor {
         let mut taken: Vec<Taken> = Vec::new();
         let mut charges = Vec::new();
         let mut slots = Vec::new();
+        let count = self.cfg.limits.len();
         for (i, limit) in self.cfg.limits.iter().enumerate() {
+            // What was taken is kept only to give it back when a later limit refuses: the
+            // last limit's take need not be kept.
+            let later = i + 1 < count;
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
             let now = env.now();
             // What an expired lease of this worker left goes back in this update.
@@ -38,12 +42,14 @@ impl Governor {
                 match self.leases.spend((i, key_id), now) {
                     Ok(()) => {
                         // A leased take is given back to the lease: it needs no key.
-                        taken.push(Taken {
-                            limit: i,
-                            key: String::new(),
-                            tokens: 1,
-                            leased: Some(key_id),
-                        });
+                        if later {
+                            taken.push(Taken {
+                                limit: i,
+                                key: String::new(),
+                                tokens: 1,
+                                leased: Some(key_id),
+                            });
+                        }
                         continue;
                     }
                     Err(left) => unspent = left,
@@ -149,7 +155,7 @@ impl Governor {
             }
             // A give-up admitted without taking: nothing to give back, nothing reserved.
             let taken_amount = if took { amount } else { 0 };
-            if taken_amount > 0 && limit.kind != LimitKind::InFlight {
+            if later && taken_amount > 0 && limit.kind != LimitKind::InFlight {
                 taken.push(Taken {
                     limit: i,
                     key: key.clone(),
