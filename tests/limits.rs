@@ -175,3 +175,40 @@ fn tenant_floods_cannot_switch_off_cooldowns() {
         RequestDecision::Forward(_) => panic!("the cooldown was not recorded"),
     }
 }
+
+/// Three limits (past the two a flow keeps inline): each is taken with its own key, and a
+/// refusal names the limit that refused.
+#[test]
+fn three_limits_each_keyed_its_own_way() {
+    let mut host = Host::new(
+        r#"{"limits": [
+          {"name": "tenant", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 2},
+          {"name": "account", "key": "account", "requests_per_minute": 60, "burst": 3},
+          {"name": "team", "key": "header:x-team", "requests_per_minute": 60, "burst": 100}
+        ]}"#,
+    );
+    let ask = |host: &mut Host, tenant: &str| {
+        host.request(
+            "/v1/chat/completions",
+            &[
+                ("x-tenant-id", tenant),
+                ("x-team", "a"),
+                ("authorization", "Bearer k"),
+            ],
+        )
+    };
+    let refused_by = |d: RequestDecision| match d {
+        RequestDecision::Reply(_, r) => header(&r.headers, "ratelimit-policy").to_string(),
+        RequestDecision::Forward(f) => {
+            assert_eq!(f.limit_keys.len(), 3);
+            assert_eq!(f.limit_keys[2], llm_governor::keys::fnv1a64(b"a"));
+            String::new()
+        }
+    };
+    assert_eq!(refused_by(ask(&mut host, "t1")), "");
+    assert_eq!(refused_by(ask(&mut host, "t1")), "");
+    assert_eq!(refused_by(ask(&mut host, "t1")), "\"tenant\";q=60;w=60");
+    // Another tenant of the same account: its own tenant bucket, the account's third token.
+    assert_eq!(refused_by(ask(&mut host, "t2")), "");
+    assert_eq!(refused_by(ask(&mut host, "t2")), "\"account\";q=60;w=60");
+}
