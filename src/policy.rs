@@ -82,7 +82,7 @@ pub struct Flow {
     pub client_account: u64,
     pub home_dialect: Dialect,
     /// Per configured limit, the id of the keying header's value (header-keyed limits only).
-    pub header_ids: Ids,
+    pub header_ids: Vec<u64>,
     /// The id of the request's model, for `model` keys (`keys::NO_MODEL` until known).
     pub model_id: u64,
     /// What the request body says it will cost, when it was read (a token limit reserves).
@@ -93,7 +93,7 @@ pub struct Flow {
     /// a success resets them.
     pub streak: u8,
     /// Per configured limit, the id of this request's key.
-    pub limit_keys: Ids,
+    pub limit_keys: Vec<u64>,
     /// Token buckets to settle with the response's usage: (limit index, shared-data key,
     /// tokens reserved before forwarding; 0 when the budget is charged after the response).
     pub charges: Vec<(usize, String, u64)>,
@@ -105,52 +105,6 @@ pub struct Flow {
     pub held_ms: Option<u64>,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
-}
-
-/// One id per configured limit. Up to two limits (most configurations) are kept inline, so a
-/// request's flow allocates nothing for them; more go on the heap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ids {
-    Inline(u8, [u64; 2]),
-    Heap(Vec<u64>),
-}
-
-impl Default for Ids {
-    fn default() -> Self {
-        Ids::Inline(0, [0; 2])
-    }
-}
-
-impl std::ops::Deref for Ids {
-    type Target = [u64];
-
-    fn deref(&self) -> &[u64] {
-        match self {
-            Ids::Inline(len, ids) => &ids[..usize::from(*len)],
-            Ids::Heap(ids) => ids,
-        }
-    }
-}
-
-impl FromIterator<u64> for Ids {
-    fn from_iter<I: IntoIterator<Item = u64>>(iter: I) -> Self {
-        let mut out = Ids::default();
-        for id in iter {
-            match &mut out {
-                Ids::Inline(len, ids) if usize::from(*len) < ids.len() => {
-                    ids[usize::from(*len)] = id;
-                    *len += 1;
-                }
-                Ids::Inline(_, ids) => {
-                    let mut all = ids.to_vec();
-                    all.push(id);
-                    out = Ids::Heap(all);
-                }
-                Ids::Heap(all) => all.push(id),
-            }
-        }
-        out
-    }
 }
 
 impl Flow {
@@ -362,7 +316,7 @@ impl Governor {
             estimate: None,
             dialect,
             streak: 0,
-            limit_keys: Ids::default(),
+            limit_keys: Vec::new(),
             charges: Vec::new(),
             slots: Vec::new(),
             released: false,
@@ -391,7 +345,7 @@ impl Governor {
             .cfg
             .limits
             .iter()
-            .zip(flow.header_ids.iter())
+            .zip(&flow.header_ids)
             .map(|(l, id)| match l.key {
                 LimitKey::Header(_) => *id,
                 LimitKey::Account => flow.account,
@@ -1065,20 +1019,6 @@ fn export_gauges(pool: usize, snap: &Snapshot, metrics: &mut dyn Metrics) {
     for (g, v) in pairs {
         if let Some(v) = v {
             metrics.gauge(pool, g, v);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Ids;
-
-    #[test]
-    fn ids_hold_what_was_collected_inline_or_not() {
-        for n in 0..6u64 {
-            let ids: Ids = (10..10 + n).collect();
-            assert_eq!(&ids[..], &(10..10 + n).collect::<Vec<_>>()[..]);
-            assert_eq!(matches!(ids, Ids::Inline(..)), n <= 2, "{n} ids");
         }
     }
 }
