@@ -142,15 +142,11 @@ fn respond_raw(
     hs: &[(String, Vec<u8>)],
     body: &[u8],
 ) -> llm_governor::policy::Governed {
-    use llm_governor::policy::{Clock, Env, ResponseStep};
+    use llm_governor::policy::{Clock, ResponseStep};
     let flow = &mut flow.clone();
-    let mut env = Env {
-        store: &host.store,
-        metrics: &mut host.metrics,
-        rng: &mut host.rng,
-        clock: Clock::At(host.now_ms),
-    };
-    let g = match host.governor.on_response_headers(
+    let now = host.now_ms;
+    let (governor, _, mut env) = host.parts_with(Clock::At(now));
+    let g = match governor.on_response_headers(
         flow,
         status,
         &Headers::new(hs),
@@ -159,8 +155,7 @@ fn respond_raw(
         &mut env,
     ) {
         ResponseStep::NeedBody => {
-            host.governor
-                .on_response_body(flow, status, &Headers::new(hs), body, &mut env)
+            governor.on_response_body(flow, status, &Headers::new(hs), body, &mut env)
         }
         ResponseStep::Rewrite(g) => Some(g),
         ResponseStep::Pass => None,
@@ -173,7 +168,7 @@ fn respond_raw(
 /// answer that starts a cooldown (timed from that reading) and for a request it then refuses.
 #[test]
 fn the_clock_is_read_only_when_the_answer_needs_it() {
-    use llm_governor::policy::{Clock, Env, RequestDecision};
+    use llm_governor::policy::{Clock, RequestDecision};
     use std::cell::Cell;
     let mut host = Host::new("{}");
     let reads = Cell::new(0u32);
@@ -184,33 +179,15 @@ fn the_clock_is_read_only_when_the_answer_needs_it() {
     };
     let respond = |host: &mut Host, status: u16, hs: &[(&str, &str)]| {
         let mut flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
-        let mut env = Env {
-            store: &host.store,
-            metrics: &mut host.metrics,
-            rng: &mut host.rng,
-            clock: Clock::lazy(&read),
-        };
+        let (governor, _, mut env) = host.parts_with(Clock::lazy(&read));
         let hs = owned(hs);
-        host.governor.on_response_headers(
-            &mut flow,
-            status,
-            &Headers::new(&hs),
-            true,
-            true,
-            &mut env,
-        );
-        host.governor.on_stream_end(&mut flow, None, &mut env);
+        governor.on_response_headers(&mut flow, status, &Headers::new(&hs), true, true, &mut env);
+        governor.on_stream_end(&mut flow, None, &mut env);
     };
     let ask = |host: &mut Host| {
         let hs = owned(&[("authorization", "Bearer k")]);
-        let mut env = Env {
-            store: &host.store,
-            metrics: &mut host.metrics,
-            rng: &mut host.rng,
-            clock: Clock::lazy(&read),
-        };
-        host.governor
-            .on_request(&view("/v1/chat/completions", &hs), &mut env)
+        let (governor, _, mut env) = host.parts_with(Clock::lazy(&read));
+        governor.on_request(&view("/v1/chat/completions", &hs), &mut env)
     };
     assert!(matches!(ask(&mut host), RequestDecision::Forward(_)));
     assert_eq!(reads.get(), 0, "a request nothing cools read the clock");

@@ -197,19 +197,28 @@ impl Host {
 
     /// The governor, this worker's holds, and the host environment at the current time.
     fn parts(&mut self) -> (&Governor, &mut Holds, Env<'_>) {
+        let now = self.now_ms;
+        self.parts_with(Clock::At(now))
+    }
+
+    /// `parts` with the environment's time from `clock`.
+    pub fn parts_with<'c>(
+        &'c mut self,
+        clock: Clock<'c>,
+    ) -> (&'c Governor, &'c mut Holds, Env<'c>) {
         let Host {
             governor,
             holds,
             store,
             metrics,
             rng,
-            now_ms,
+            now_ms: _,
         } = self;
         let env = Env {
             store,
             metrics,
             rng,
-            clock: Clock::At(*now_ms),
+            clock,
         };
         (governor, holds, env)
     }
