@@ -6,7 +6,7 @@
 mod common;
 use common::{header, Host};
 use llm_governor::headers::{owned, Headers};
-use llm_governor::policy::{Clock, Env, RequestDecision, RequestView};
+use llm_governor::policy::{Clock, RequestDecision, RequestView};
 use serde_json::{json, Value};
 
 /// The pool a request with this authority, path and headers is governed by.
@@ -17,16 +17,12 @@ fn pool_of(host: &mut Host, authority: &str, path: &str, headers: &[(&str, &str)
         authority: authority.as_bytes(),
         headers: Headers::new(&hs),
     };
-    let mut env = Env {
-        store: &host.store,
-        metrics: &mut host.metrics,
-        rng: &mut host.rng,
-        clock: Clock::At(host.now_ms),
-    };
-    let flow = match host.governor.on_request(&view, &mut env) {
+    let now = host.now_ms;
+    let (governor, _, mut env) = host.parts_with(Clock::At(now));
+    let flow = match governor.on_request(&view, &mut env) {
         RequestDecision::Forward(f) | RequestDecision::Reply(f, _) => f,
     };
-    host.governor.cfg.pools[flow.pool].name.clone()
+    governor.cfg.pools[flow.pool].name.clone()
 }
 
 #[test]
