@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::classify::{self, Class};
+use llm_governor_core::classify::{self, Class};
 
 fuzz_target!(|data: &[u8]| {
     let Some((status, body)) = data.split_first_chunk::<2>() else {

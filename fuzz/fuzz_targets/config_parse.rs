@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::config::{self, DEFAULT_POOL};
-use llm_governor::policy::Governor;
+use llm_governor_core::config::{self, DEFAULT_POOL};
+use llm_governor_core::policy::Governor;
 
 fuzz_target!(|data: &[u8]| {
     match config::parse(data) {

@@ -5,9 +5,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::config::Config;
-use llm_governor::deadline;
-use llm_governor::headers::Headers;
+use llm_governor_core::config::Config;
+use llm_governor_core::deadline;
+use llm_governor_core::headers::Headers;
 use llm_governor_fuzz::Http;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,12 +4,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::classify::Dialect;
-use llm_governor::config::Config;
-use llm_governor::headers::Headers;
-use llm_governor::ratelimit;
-use llm_governor::retry_after::{self, Source};
-use llm_governor::time::MAX_PARSED_MS;
+use llm_governor_core::classify::Dialect;
+use llm_governor_core::config::Config;
+use llm_governor_core::headers::Headers;
+use llm_governor_core::ratelimit;
+use llm_governor_core::retry_after::{self, Source};
+use llm_governor_core::time::MAX_PARSED_MS;
 use llm_governor_fuzz::{Fixed, Http};
 
 fuzz_target!(|data: &[u8]| {
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         Source::RetryAfter => assert!(h.contains("retry-after")),
         Source::ResetHeader(d) => assert_eq!(snap.window(d).reset_ms, Some(ms)),
         Source::GeminiRetryInfo => {
-            assert!(llm_governor::classify::gemini_retry_delay(input.body).is_some())
+            assert!(llm_governor_core::classify::gemini_retry_delay(input.body).is_some())
         }
     }
     let mut cfg = Config::default().retry_after;

@@ -2,9 +2,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::headers::Headers;
-use llm_governor::ratelimit::{self, Dimension};
-use llm_governor::time::MAX_PARSED_MS;
+use llm_governor_core::headers::Headers;
+use llm_governor_core::ratelimit::{self, Dimension};
+use llm_governor_core::time::MAX_PARSED_MS;
 use llm_governor_fuzz::Http;
 
 fuzz_target!(|data: &[u8]| {
@@ -30,5 +30,5 @@ fuzz_target!(|data: &[u8]| {
         .filter_map(|d| snap.window(d).reset_ms)
         .max();
     assert_eq!(snap.exhausted_reset_ms(), longest);
-    let _ = llm_governor::retry_after::exhausted_dimension(&snap, input.body);
+    let _ = llm_governor_core::retry_after::exhausted_dimension(&snap, input.body);
 });

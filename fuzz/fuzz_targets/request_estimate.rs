@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::estimate::{estimate, MAX_OUTPUT};
+use llm_governor_core::estimate::{estimate, MAX_OUTPUT};
 
 fuzz_target!(|body: &[u8]| {
     let whole = estimate(body, body.len());

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::time::{self, MAX_PARSED_MS};
+use llm_governor_core::time::{self, MAX_PARSED_MS};
 
 fuzz_target!(|data: &[u8]| {
     let owned;

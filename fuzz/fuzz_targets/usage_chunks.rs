@@ -15,7 +15,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::usage::UsageScanner;
+use llm_governor_core::usage::UsageScanner;
 
 const STRICT: bool = false;
 

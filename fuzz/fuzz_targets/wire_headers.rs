@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor::headers::{Headers, WireHeaders};
+use llm_governor_core::headers::{Headers, WireHeaders};
 use llm_governor_fuzz::Http;
 
 /// Owned pairs as `Headers::new` takes them, when every name is UTF-8.

@@ -89,7 +89,7 @@ impl<'a> Http<'a> {
 /// Fixed randomness for `retry_after::told` and friends.
 pub struct Fixed(pub f64);
 
-impl llm_governor::retry_after::Random for Fixed {
+impl llm_governor_core::retry_after::Random for Fixed {
     fn unit(&mut self) -> f64 {
         self.0
     }

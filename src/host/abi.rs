@@ -2,7 +2,7 @@
 //! error value. The SDK's own wrappers `panic!` on statuses they do not expect, and a panic
 //! kills the worker's VM.
 
-use crate::headers::WireHeaders;
+use llm_governor_core::headers::WireHeaders;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::ptr::null_mut;
 

@@ -1,10 +1,10 @@
 //! The pure core's traits implemented over hostcalls.
 
 use super::abi;
-use crate::config::Config;
-use crate::metrics::{self, Counter, Gauge, Histogram, Metrics};
-use crate::retry_after::Random;
-use crate::store::{SharedStore, StoreError};
+use llm_governor_core::config::Config;
+use llm_governor_core::metrics::{self, Counter, Gauge, Histogram, Metrics};
+use llm_governor_core::retry_after::Random;
+use llm_governor_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
 
 /// Envoy shared data.

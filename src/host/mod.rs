@@ -5,18 +5,18 @@
 mod abi;
 mod adapters;
 
-use crate::classify;
-use crate::config;
-use crate::deadline;
-use crate::estimate;
-use crate::headers::{Headers, WireHeaders};
-use crate::hold::{Holds, Release, Step};
-use crate::metrics::Counter;
-use crate::policy::{
+use llm_governor_core::classify;
+use llm_governor_core::config;
+use llm_governor_core::deadline;
+use llm_governor_core::estimate;
+use llm_governor_core::headers::{Headers, WireHeaders};
+use llm_governor_core::hold::{Holds, Release, Step};
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::{
     Clock, Env, Flow, Governor, RequestView, ResponseStep, STEERING_HEADER as POOL_HEADER,
 };
-use crate::reply::{LocalReply, HELD_MS_HEADER};
-use crate::usage::UsageScanner;
+use llm_governor_core::reply::{LocalReply, HELD_MS_HEADER};
+use llm_governor_core::usage::UsageScanner;
 use adapters::{HostLogger, HostMetrics, HostRandom, HostStore};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};

@@ -5,14 +5,14 @@
 //! bucket CAS update against one mutex-guarded map (Envoy's shared-data semantics); prints CAS
 //! retries per update. Both print one JSON line.
 
-use llm_governor::config;
-use llm_governor::deadline;
-use llm_governor::headers::{Headers, WireHeaders};
-use llm_governor::hold::{Holds, Step};
-use llm_governor::metrics::{Counter, Gauge, Histogram, Metrics};
-use llm_governor::policy::{Clock, Env, Flow, Governor, RequestView};
-use llm_governor::retry_after::Random;
-use llm_governor::store::{self, MemStore, SharedStore, StoreError};
+use llm_governor_core::config;
+use llm_governor_core::deadline;
+use llm_governor_core::headers::{Headers, WireHeaders};
+use llm_governor_core::hold::{Holds, Step};
+use llm_governor_core::metrics::{Counter, Gauge, Histogram, Metrics};
+use llm_governor_core::policy::{Clock, Env, Flow, Governor, RequestView};
+use llm_governor_core::retry_after::Random;
+use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::time::Instant;

@@ -1,5 +1,5 @@
 //! `estimate-accuracy [samples.jsonl]`: for every sample request, the estimator's input tokens
-//! (`llm_governor::estimate`) against a reference count with tiktoken's `o200k_base`, as
+//! (`llm_governor_core::estimate`) against a reference count with tiktoken's `o200k_base`, as
 //! OpenAI's cookbook counts chat prompts (3 tokens per message plus its role and text, 3 to
 //! prime the reply; tools as their JSON). Anthropic and Gemini publish no tokenizer: their rows
 //! use the same o200k reference, a proxy. Prints a Markdown table and the worst error.
@@ -63,7 +63,7 @@ fn main() {
         let body = &sample["body"];
         let bytes = body.to_string();
         let real = reference(body, &bpe);
-        let est = llm_governor::estimate::estimate(bytes.as_bytes(), bytes.len()).input;
+        let est = llm_governor_core::estimate::estimate(bytes.as_bytes(), bytes.len()).input;
         let err = (est as f64 - real as f64) / real as f64 * 100.0;
         worst = if err.abs() > worst.abs() { err } else { worst };
         sum_abs += err.abs();

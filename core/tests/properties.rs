@@ -12,17 +12,17 @@
 mod common;
 
 use common::{header, FixedRng, Host, T0};
-use llm_governor::classify::Class;
-use llm_governor::config::{self, RetryAfter};
-use llm_governor::cooldown::{self, CooldownRecord, Wanted};
-use llm_governor::headers::{owned, Headers};
-use llm_governor::keys;
-use llm_governor::metrics::{Counter, Recorded};
-use llm_governor::policy::{Clock, Env, Governor, RequestDecision, RequestView};
-use llm_governor::retry_after;
-use llm_governor::store::{MemStore, SharedStore, StoreError};
-use llm_governor::time::MAX_PARSED_MS;
-use llm_governor::usage::UsageScanner;
+use llm_governor_core::classify::Class;
+use llm_governor_core::config::{self, RetryAfter};
+use llm_governor_core::cooldown::{self, CooldownRecord, Wanted};
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::keys;
+use llm_governor_core::metrics::{Counter, Recorded};
+use llm_governor_core::policy::{Clock, Env, Governor, RequestDecision, RequestView};
+use llm_governor_core::retry_after;
+use llm_governor_core::store::{MemStore, SharedStore, StoreError};
+use llm_governor_core::time::MAX_PARSED_MS;
+use llm_governor_core::usage::UsageScanner;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use std::sync::{Condvar, Mutex};

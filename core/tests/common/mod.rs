@@ -2,16 +2,16 @@
 //! recorded metrics, fixed randomness and a clock the test drives.
 #![allow(dead_code)]
 
-use llm_governor::config;
-use llm_governor::deadline;
-use llm_governor::headers::{owned, Headers};
-use llm_governor::hold::{Holds, Release, Step};
-use llm_governor::metrics::Recorded;
-use llm_governor::policy::{
+use llm_governor_core::config;
+use llm_governor_core::deadline;
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::hold::{Holds, Release, Step};
+use llm_governor_core::metrics::Recorded;
+use llm_governor_core::policy::{
     Clock, Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
 };
-use llm_governor::retry_after::Random;
-use llm_governor::store::MemStore;
+use llm_governor_core::retry_after::Random;
+use llm_governor_core::store::MemStore;
 
 /// Always returns the same value in [0, 1).
 pub struct FixedRng(pub f64);

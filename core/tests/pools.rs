@@ -5,8 +5,8 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::headers::{owned, Headers};
-use llm_governor::policy::{Clock, RequestDecision, RequestView};
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::policy::{Clock, RequestDecision, RequestView};
 use serde_json::{json, Value};
 
 /// The pool a request with this authority, path and headers is governed by.

@@ -13,14 +13,14 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor::bucket::Bucket;
-use llm_governor::config;
-use llm_governor::headers::{owned, Headers};
-use llm_governor::keys;
-use llm_governor::metrics::{Counter, Recorded};
-use llm_governor::policy::{Clock as EnvClock, Env, Governor, RequestDecision, RequestView};
-use llm_governor::retry_after::Random;
-use llm_governor::store::{self, MemStore, SharedStore, StoreError};
+use llm_governor_core::bucket::Bucket;
+use llm_governor_core::config;
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::keys;
+use llm_governor_core::metrics::{Counter, Recorded};
+use llm_governor_core::policy::{Clock as EnvClock, Env, Governor, RequestDecision, RequestView};
+use llm_governor_core::retry_after::Random;
+use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 
@@ -451,7 +451,7 @@ fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
         "{admitted:?}"
     );
     assert!(
-        unspent <= 4 * 4 * (llm_governor::lease::LEASE - 1),
+        unspent <= 4 * 4 * (llm_governor_core::lease::LEASE - 1),
         "{unspent}"
     );
     // Far fewer writes than requests: most requests spent a lease.
@@ -489,7 +489,7 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
     let clock = Clock::new();
     for _ in 0..10 {
         assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
-        for _ in 0..llm_governor::lease::LEASE_MS {
+        for _ in 0..llm_governor_core::lease::LEASE_MS {
             clock.now(); // a second passes
         }
     }
@@ -497,7 +497,7 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
     let held = gov.leases().unspent();
     assert_eq!(
         held,
-        llm_governor::lease::LEASE - 1,
+        llm_governor_core::lease::LEASE - 1,
         "the last lease, still held"
     );
     // 10 used, 7 held by the last lease; the refill over the test's ~10 s is < 1 token.

@@ -3,8 +3,8 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor::classify::Dialect;
-use llm_governor::config::{self, LimitKey, LimitKind};
+use llm_governor_core::classify::Dialect;
+use llm_governor_core::config::{self, LimitKey, LimitKind};
 
 const CONTRACT_EXAMPLE: &str = r#"{
   "pools": [

@@ -5,8 +5,8 @@
 
 mod common;
 use common::{header, view, Host};
-use llm_governor::headers::{owned, Headers};
-use llm_governor::ratelimit;
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::ratelimit;
 
 /// (header, value) pairs that must be ignored as delay sources.
 const IGNORED: &[(&str, &[u8])] = &[
@@ -137,12 +137,12 @@ fn rate_limit_gauges_ignore_garbage() {
 
 fn respond_raw(
     host: &mut Host,
-    flow: &llm_governor::policy::Flow,
+    flow: &llm_governor_core::policy::Flow,
     status: u16,
     hs: &[(String, Vec<u8>)],
     body: &[u8],
-) -> llm_governor::policy::Governed {
-    use llm_governor::policy::{Clock, ResponseStep};
+) -> llm_governor_core::policy::Governed {
+    use llm_governor_core::policy::{Clock, ResponseStep};
     let flow = &mut flow.clone();
     let now = host.now_ms;
     let (governor, _, mut env) = host.parts_with(Clock::At(now));
@@ -168,7 +168,7 @@ fn respond_raw(
 /// answer that starts a cooldown (timed from that reading) and for a request it then refuses.
 #[test]
 fn the_clock_is_read_only_when_the_answer_needs_it() {
-    use llm_governor::policy::{Clock, RequestDecision};
+    use llm_governor_core::policy::{Clock, RequestDecision};
     use std::cell::Cell;
     let mut host = Host::new("{}");
     let reads = Cell::new(0u32);

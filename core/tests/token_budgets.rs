@@ -5,8 +5,8 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::policy::RequestDecision;
-use llm_governor::usage::UsageScanner;
+use llm_governor_core::policy::RequestDecision;
+use llm_governor_core::usage::UsageScanner;
 
 const OPENAI_JSON: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1200,"completion_tokens":300,"total_tokens":1500,"prompt_tokens_details":{"cached_tokens":1024}}}"#;
 const OPENAI_SSE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"Hel\"}}],\"usage\":null}\n\ndata: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"lo\"}}],\"usage\":null}\n\ndata: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":7,\"total_tokens\":27}}\n\ndata: [DONE]\n\n";
@@ -65,11 +65,11 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
     host.governor.on_usage(
         &mut flow,
         1500,
-        &mut llm_governor::policy::Env {
+        &mut llm_governor_core::policy::Env {
             store: &host.store,
             metrics: &mut host.metrics,
             rng: &mut host.rng,
-            clock: llm_governor::policy::Clock::At(host.now_ms),
+            clock: llm_governor_core::policy::Clock::At(host.now_ms),
         },
     );
     // ...and is refused until 501 tokens have refilled at 100 per second.
@@ -95,12 +95,12 @@ fn overlapping_keys_read_the_same_whole_or_in_chunks() {
     // Found by fuzz/fuzz_targets/usage_chunks.rs: the closing quote of one key starts another.
     let body = b"16:20:10 : 0\n,,\"totalTokenCount\"totalTokenCount\":13555555555555555%5555555utput_detens\":1024}}}";
     let whole = {
-        let mut s = llm_governor::usage::UsageScanner::new();
+        let mut s = llm_governor_core::usage::UsageScanner::new();
         s.feed(body);
         s.total()
     };
     let cut = {
-        let mut s = llm_governor::usage::UsageScanner::new();
+        let mut s = llm_governor_core::usage::UsageScanner::new();
         s.feed(&body[..45]);
         s.feed(&body[45..]);
         s.feed(b"");

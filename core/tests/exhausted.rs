@@ -5,8 +5,8 @@
 
 mod common;
 use common::Host;
-use llm_governor::metrics::{Counter, Gauge};
-use llm_governor::ratelimit::Dimension;
+use llm_governor_core::metrics::{Counter, Gauge};
+use llm_governor_core::ratelimit::Dimension;
 
 const CHAT: &str = "/v1/chat/completions";
 const MESSAGES: &str = "/v1/messages";

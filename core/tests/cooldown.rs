@@ -4,8 +4,8 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::metrics::Counter;
-use llm_governor::policy::RequestDecision;
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::RequestDecision;
 
 const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -219,7 +219,7 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let f2 = host.forward("/v1/messages", &[("x-api-key", "sk-secret-123")]);
     assert_eq!(f.account, f2.account);
-    assert_eq!(f.account, llm_governor::keys::fnv1a64(b"sk-secret-123"));
+    assert_eq!(f.account, llm_governor_core::keys::fnv1a64(b"sk-secret-123"));
     let dump = host.store.dump();
     assert!(!dump.is_empty());
     for (k, v) in dump {
@@ -234,7 +234,7 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
 fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     let mut host = Host::new(r#"{"retry_after": {"escalate": true}}"#);
     // The provider keeps saying "1 s" while it stays down.
-    let answer = |host: &mut Host, f: &llm_governor::policy::Flow| {
+    let answer = |host: &mut Host, f: &llm_governor_core::policy::Flow| {
         host.respond(f, 429, &[("retry-after", "1")], RL)
             .map(|g| g.delay_ms)
             .unwrap_or(0)

@@ -317,7 +317,7 @@ fn errors_that_are_not_rate_limits_pass_untouched() {
 
 #[test]
 fn counters_and_histogram_per_pool() {
-    use llm_governor::metrics::Counter;
+    use llm_governor_core::metrics::Counter;
     let mut host = Host::new(POOLS);
     let flow = host.forward("/v1/messages", &[]);
     host.respond(&flow, 529, &[("retry-after", "3")], ANTHROPIC_OVERLOADED);

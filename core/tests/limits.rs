@@ -4,8 +4,8 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::metrics::Counter;
-use llm_governor::policy::RequestDecision;
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::RequestDecision;
 
 const CFG: &str = r#"{"limits": [
   {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 5}
@@ -201,7 +201,7 @@ fn three_limits_each_keyed_its_own_way() {
         RequestDecision::Reply(_, r) => header(&r.headers, "ratelimit-policy").to_string(),
         RequestDecision::Forward(f) => {
             assert_eq!(f.limit_keys.len(), 3);
-            assert_eq!(f.limit_keys[2], llm_governor::keys::fnv1a64(b"a"));
+            assert_eq!(f.limit_keys[2], llm_governor_core::keys::fnv1a64(b"a"));
             String::new()
         }
     };

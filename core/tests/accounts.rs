@@ -5,9 +5,9 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::keys::fnv1a64;
-use llm_governor::metrics::Counter;
-use llm_governor::policy::RequestDecision;
+use llm_governor_core::keys::fnv1a64;
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::RequestDecision;
 
 const CHAT: &str = "/v1/chat/completions";
 const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;

@@ -6,11 +6,11 @@
 
 mod common;
 use common::{header, Host};
-use llm_governor::bucket::{Bucket, Shape};
-use llm_governor::estimate;
-use llm_governor::keys;
-use llm_governor::policy::RequestDecision;
-use llm_governor::store::SharedStore;
+use llm_governor_core::bucket::{Bucket, Shape};
+use llm_governor_core::estimate;
+use llm_governor_core::keys;
+use llm_governor_core::policy::RequestDecision;
+use llm_governor_core::store::SharedStore;
 
 const PATH: &str = "/v1/chat/completions";
 const SHAPE: Shape = Shape {
@@ -160,7 +160,7 @@ fn a_request_larger_than_the_bucket_is_refused_for_good() {
     // Nothing was taken, and the hold state machine does not hold it either.
     host.forward_with_body(PATH, &[], &chat(10, Some("10")));
     let step = host.arrive_with_body(7, PATH, &[], &body);
-    assert!(matches!(step, llm_governor::hold::Step::Reply(..)));
+    assert!(matches!(step, llm_governor_core::hold::Step::Reply(..)));
 }
 
 #[test]

@@ -6,10 +6,10 @@
 mod common;
 
 use common::{flows, go, header, Host};
-use llm_governor::config;
-use llm_governor::hold::Step;
-use llm_governor::keys;
-use llm_governor::metrics::{Counter, Gauge};
+use llm_governor_core::config;
+use llm_governor_core::hold::Step;
+use llm_governor_core::keys;
+use llm_governor_core::metrics::{Counter, Gauge};
 
 const CFG: &str = r#"{"pools": [
   {"name": "primary", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai", "fallback": ["backup"]},

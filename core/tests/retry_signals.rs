@@ -5,8 +5,8 @@
 mod common;
 
 use common::Host;
-use llm_governor::hold::Step;
-use llm_governor::metrics::Counter;
+use llm_governor_core::hold::Step;
+use llm_governor_core::metrics::Counter;
 
 const PATH: &str = "/v1/chat/completions";
 const A: (&str, &str) = ("authorization", "Bearer sk-a");

@@ -2,8 +2,8 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor::headers::{owned, Headers};
-use llm_governor::ratelimit::{parse, Dimension, Window};
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::ratelimit::{parse, Dimension, Window};
 
 const NOW: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
 
@@ -111,7 +111,7 @@ fn a_token_bucket_that_reports_empty_has_room_for_one_request_long_before_its_re
         ("x-ratelimit-remaining-tokens", "0"),
         ("x-ratelimit-reset-tokens", "60s"),
     ]);
-    let s = llm_governor::ratelimit::parse(&Headers::new(&hs), &|| 0);
+    let s = llm_governor_core::ratelimit::parse(&Headers::new(&hs), &|| 0);
     assert_eq!(s.exhausted_reset_ms(), Some(60_000));
     assert_eq!(s.exhausted_wait_ms(Some(1_000)), Some(3_000));
     assert_eq!(
@@ -127,7 +127,7 @@ fn a_token_bucket_that_reports_empty_has_room_for_one_request_long_before_its_re
 /// family) fill nothing: through both header representations.
 #[test]
 fn names_match_in_any_case_first_value_wins_near_misses_ignored() {
-    use llm_governor::headers::WireHeaders;
+    use llm_governor_core::headers::WireHeaders;
     let raw: Vec<(String, Vec<u8>)> = [
         ("X-RateLimit-Limit-Requests", "500"),
         ("x-ratelimit-limit-requests", "7"),

@@ -6,12 +6,12 @@
 mod common;
 
 use common::{answered, flows, go, gone, header, Host};
-use llm_governor::config::Hold;
-use llm_governor::deadline;
-use llm_governor::headers::{owned, Headers};
-use llm_governor::hold::{Release, Step};
-use llm_governor::metrics::{Counter, Gauge};
-use llm_governor::policy::Flow;
+use llm_governor_core::config::Hold;
+use llm_governor_core::deadline;
+use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::hold::{Release, Step};
+use llm_governor_core::metrics::{Counter, Gauge};
+use llm_governor_core::policy::Flow;
 
 const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
@@ -347,7 +347,7 @@ fn budget(cfg: &Hold, headers: RawHeaders) -> u64 {
 
 #[test]
 fn deadline_headers_are_read_safely() {
-    let cfg = llm_governor::config::Config::default().hold;
+    let cfg = llm_governor_core::config::Config::default().hold;
     let rows: &[(RawHeaders, u64)] = &[
         (&[], 10_000),
         (&[("x-stainless-read-timeout", b"600")], 10_000),

@@ -1,0 +1,24 @@
+//! The pure core of llm-governor, a filter that owns the spacing of traffic to rate-limited LLM
+//! APIs: every decision, tested natively. It names no host ABI; the hosts (the proxy-wasm
+//! module in `../src/host/`) depend on it and only translate.
+
+pub mod bucket;
+pub mod classify;
+pub mod config;
+pub mod cooldown;
+pub mod deadline;
+pub mod estimate;
+pub mod headers;
+pub mod hold;
+pub mod inflight;
+pub mod keys;
+pub mod lease;
+pub mod limits;
+pub mod metrics;
+pub mod policy;
+pub mod ratelimit;
+pub mod reply;
+pub mod retry_after;
+pub mod store;
+pub mod time;
+pub mod usage;
