@@ -44,6 +44,17 @@ impl<'a> Headers<'a> {
             .chain(wire.into_iter().flat_map(WireHeaders::pairs))
     }
 
+    /// An owned copy, for a stream that keeps the headers past the callback that lent them.
+    pub fn to_wire(&self) -> WireHeaders {
+        match self.repr {
+            Repr::Wire(w) => w.clone(),
+            Repr::Owned(_) => {
+                let pairs: Vec<(&[u8], &[u8])> = self.pairs().collect();
+                WireHeaders::parse(WireHeaders::encode(pairs)).unwrap_or_default()
+            }
+        }
+    }
+
     /// Call `f` with every (name, value) pair, in order (a plain loop per representation, which
     /// costs less than `pairs()`'s chained iterator on the hot path).
     pub fn for_each(&self, mut f: impl FnMut(&'a [u8], &'a [u8])) {
@@ -198,7 +209,8 @@ impl WireHeaders {
         }
     }
 
-    /// Encode pairs in the wire format (the inverse of `parse`; tests and the host's replies).
+    /// Encode pairs in the wire format (the inverse of `parse`): the proxy-wasm host's local
+    /// replies, owned copies of other header lists, tests.
     pub fn encode<'p>(pairs: impl IntoIterator<Item = (&'p [u8], &'p [u8])> + Clone) -> Vec<u8> {
         let items: Vec<(&[u8], &[u8])> = pairs.into_iter().collect();
         let mut out = Vec::new();

@@ -27,28 +27,16 @@ pub struct Held {
     pub next_check_ms: u64,
 }
 
-/// What became of a request handed to `Holds::request`.
+/// What became of a request: of one handed to `Holds::request`, and (never `Held`) of a held
+/// one a tick let go.
 #[derive(Debug)]
-pub enum Step {
-    /// Forward it now.
+pub enum Outcome {
+    /// Forward it now, with this flow.
     Go(Flow),
+    /// It is held: keep it paused.
+    Held,
     /// Answer it locally now.
     Reply(Flow, LocalReply),
-    /// It is held: pause it.
-    Held,
-}
-
-/// What the host must do for a held request after a tick.
-#[derive(Debug)]
-pub enum Release {
-    /// Resume it: it goes upstream with this flow.
-    Go { id: u32, flow: Flow },
-    /// Answer it locally.
-    Reply {
-        id: u32,
-        flow: Flow,
-        reply: LocalReply,
-    },
 }
 
 type QueueKey = (usize, u64);
@@ -87,7 +75,7 @@ impl Holds {
         budget_ms: u64,
         id: u32,
         env: &mut Env,
-    ) -> Step {
+    ) -> Outcome {
         gov.on_arrival(&flow, env);
         let key = queue_key(&flow);
         let queued = if self.queues.is_empty() {
@@ -101,7 +89,7 @@ impl Holds {
             return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);
         }
         match gov.admit(&mut flow, env) {
-            Admission::Go => Step::Go(flow),
+            Admission::Go => Outcome::Go(flow),
             Admission::Wait(blocked) => self.hold_or_reply(gov, flow, blocked, budget_ms, id, env),
         }
     }
@@ -114,12 +102,12 @@ impl Holds {
         budget_ms: u64,
         id: u32,
         env: &mut Env,
-    ) -> Step {
+    ) -> Outcome {
         let room = (self.held as u64) < gov.cfg.hold.max_held;
         let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
         if budget_ms == 0 || !room || !fits || !blocked.holdable() {
             let reply = gov.reply_for(&flow, &blocked, env);
-            return Step::Reply(flow, reply);
+            return Outcome::Reply(flow, reply);
         }
         let now = env.now();
         env.metrics.count(flow.home_pool, Counter::Held);
@@ -137,12 +125,12 @@ impl Holds {
                 blocked_at_ms: now,
                 next_check_ms: now.saturating_add(blocked.recheck_in_ms()),
             });
-        Step::Held
+        Outcome::Held
     }
 
     /// Ask the gates again for the heads of the queues that are due, and answer requests whose
-    /// wait outgrew their limit. Returns what the host must do, in order.
-    pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<Release> {
+    /// wait outgrew their limit. Returns what became of each request that left, in order.
+    pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<(u32, Outcome)> {
         let now = env.now();
         let mut out = Vec::new();
         for queue in self.queues.values_mut() {
@@ -195,6 +183,18 @@ impl Holds {
         out
     }
 
+    /// When a tick next has something to do: the earliest gate check of a queue's head, or
+    /// deadline of anyone held. None when nothing is held.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.queues
+            .values()
+            .flat_map(|q| {
+                let head = q.front().map(|h| h.next_check_ms);
+                head.into_iter().chain(q.iter().map(|h| h.deadline_ms))
+            })
+            .min()
+    }
+
     /// The client went away (or the stream was reset) while held: forget it.
     pub fn forget(&mut self, id: u32, env: &mut Env) -> Option<Flow> {
         let mut found = None;
@@ -222,23 +222,16 @@ fn leave(h: &mut Held, now: u64, counter: Counter, env: &mut Env) {
     env.metrics.add(pool, Gauge::HeldRequests, -1);
 }
 
-fn released(mut h: Held, now: u64, env: &mut Env) -> Release {
+fn released(mut h: Held, now: u64, env: &mut Env) -> (u32, Outcome) {
     leave(&mut h, now, Counter::HoldReleased, env);
-    Release::Go {
-        id: h.id,
-        flow: h.flow,
-    }
+    (h.id, Outcome::Go(h.flow))
 }
 
 /// Answer a held request locally, from why it waits, aged to now.
-fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> Release {
+fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> (u32, Outcome) {
     leave(&mut h, now, Counter::HoldExpired, env);
     let reply = gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env);
-    Release::Reply {
-        id: h.id,
-        flow: h.flow,
-        reply,
-    }
+    (h.id, Outcome::Reply(h.flow, reply))
 }
 
 /// `b` as it stands `elapsed` ms later: known waits shrink (to at least 1 ms).

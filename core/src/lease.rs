@@ -14,8 +14,6 @@
 //! most `LEASE - 1` each per key, and only for a bucket that was `FLOOR` tokens from empty
 //! moments before.
 
-use std::sync::Mutex;
-
 /// Tokens one compare-and-swap takes when the bucket is far from empty.
 pub const LEASE: u64 = 8;
 /// The bucket level (in whole tokens, after the lease) below which no lease is taken.
@@ -31,12 +29,12 @@ const SLOTS: usize = 4096;
 /// (limit index, key id): the bucket a lease came from.
 pub type Key = (usize, u64);
 
-/// One worker's leases. A Mutex only so a `Governor` may be shared by test threads; a
-/// worker's VM is single-threaded and never contends for it.
+/// One worker's leases (the `Worker` owns them and lends them to each call in its `Env`:
+/// nothing else shares them, so no lock).
 pub struct Leases {
-    table: Mutex<Vec<Option<Lease>>>,
+    table: Vec<Option<Lease>>,
     /// Leased tokens dropped unspent (expired, or their slot taken by another key).
-    dropped: std::sync::atomic::AtomicU64,
+    dropped: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -56,8 +54,8 @@ impl Lease {
 impl Default for Leases {
     fn default() -> Self {
         Leases {
-            table: Mutex::new(vec![None; SLOTS]),
-            dropped: Default::default(),
+            table: vec![None; SLOTS],
+            dropped: 0,
         }
     }
 }
@@ -71,7 +69,7 @@ impl Leases {
     /// Spend one leased token of `key`, if a live lease has one (`Ok`); else `Err(n)`: the `n`
     /// tokens an expired lease left, taken out of it, for the caller to give back to the
     /// shared bucket in its compare-and-swap.
-    pub fn spend(&self, key: Key, now_ms: u64) -> Result<(), u64> {
+    pub fn spend(&mut self, key: Key, now_ms: u64) -> Result<(), u64> {
         self.with(key, |l| match l {
             Some(l) if l.left > 0 && now_ms < l.until_ms => {
                 l.left -= 1;
@@ -83,7 +81,7 @@ impl Leases {
     }
 
     /// Give back one token spent from `key`'s lease (a later limit refused the request).
-    pub fn give(&self, key: Key) {
+    pub fn give(&mut self, key: Key) {
         self.with(key, |l| {
             if let Some(l) = l {
                 l.left = l.left.saturating_add(1);
@@ -92,10 +90,8 @@ impl Leases {
     }
 
     /// Keep `tokens` taken from the shared bucket of `key` to spend until `now_ms + LEASE_MS`.
-    pub fn put(&self, key: Key, tokens: u64, now_ms: u64) {
-        let Ok(mut table) = self.table.lock() else {
-            return;
-        };
+    pub fn put(&mut self, key: Key, tokens: u64, now_ms: u64) {
+        let table = &mut self.table;
         let set = set_of(key);
         let spent = |l: &Option<Lease>| l.map_or(true, |l| l.left == 0 || now_ms >= l.until_ms);
         let i = (set..set + 2)
@@ -112,8 +108,8 @@ impl Leases {
         let until_ms = now_ms.saturating_add(LEASE_MS);
         let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
         table[i] = match table[i] {
-            // A worker leases only once its lease is spent or expired; only threads sharing
-            // one governor (tests) can find a live one of the same key, and keep its tokens.
+            // A worker leases only once its lease is spent or expired, so a live lease of the
+            // same key is found only if a caller puts twice: its tokens are kept, not dropped.
             Some(l) if l.is(key) && l.left > 0 && now_ms < l.until_ms => Some(Lease {
                 left: l.left.saturating_add(tokens),
                 until_ms,
@@ -121,8 +117,7 @@ impl Leases {
             }),
             old => {
                 let lost = old.map_or(0, |l| u64::from(l.left));
-                self.dropped
-                    .fetch_add(lost, std::sync::atomic::Ordering::Relaxed);
+                self.dropped += lost;
                 Some(Lease {
                     id: key.1,
                     limit: u32::try_from(key.0).unwrap_or(u32::MAX),
@@ -137,30 +132,30 @@ impl Leases {
     /// hold (live or expired) and those it dropped. With what it admitted, exactly what the
     /// buckets gave it.
     pub fn unspent(&self) -> u64 {
-        let held: u64 = self
-            .table
-            .lock()
-            .map_or(0, |t| t.iter().flatten().map(|l| u64::from(l.left)).sum());
-        held + self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+        let held: u64 = self.table.iter().flatten().map(|l| u64::from(l.left)).sum();
+        held + self.dropped
     }
 
     /// Leased tokens of `key` that could still be spent at `now_ms`.
     pub fn left(&self, key: Key, now_ms: u64) -> u64 {
-        self.with(key, |l| match l {
+        let set = set_of(key);
+        match self.table[set..set + 2]
+            .iter()
+            .flatten()
+            .find(|l| l.is(key))
+        {
             Some(l) if now_ms < l.until_ms => u64::from(l.left),
             _ => 0,
-        })
+        }
     }
 
     /// Run `f` on the lease of `key` (None when its slot is empty or another key's).
-    fn with<T>(&self, key: Key, f: impl FnOnce(Option<&mut Lease>) -> T) -> T {
-        match self.table.lock() {
-            Ok(mut table) => {
-                let set = set_of(key);
-                f(table[set..set + 2].iter_mut().flatten().find(|l| l.is(key)))
-            }
-            Err(_) => f(None),
-        }
+    fn with<T>(&mut self, key: Key, f: impl FnOnce(Option<&mut Lease>) -> T) -> T {
+        let set = set_of(key);
+        f(self.table[set..set + 2]
+            .iter_mut()
+            .flatten()
+            .find(|l| l.is(key)))
     }
 }
 
@@ -170,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_spent_until_empty_or_expired() {
-        let l = Leases::default();
+        let mut l = Leases::default();
         let k = (0, 42);
         assert_eq!(l.spend(k, 0), Err(0));
         l.put(k, 2, 100);
@@ -189,7 +184,7 @@ mod tests {
 
     #[test]
     fn a_key_in_a_taken_slot_replaces_it_and_never_spends_the_others_tokens() {
-        let l = Leases::default();
+        let mut l = Leases::default();
         let a = (0, 7);
         let b = (0, 7 + SLOTS as u64); // the same two slots
         let c = (0, 7 + 2 * SLOTS as u64);

@@ -39,7 +39,7 @@ impl Governor {
             // What an expired lease of this worker left goes back in this update.
             let mut unspent = 0;
             if limit.kind == LimitKind::Requests {
-                match self.leases.spend((i, key_id), now) {
+                match env.leases.spend((i, key_id), now) {
                     Ok(()) => {
                         // A leased take is given back to the lease: it needs no key.
                         if later {
@@ -151,7 +151,7 @@ impl Governor {
                 Err(e) => self.store_failed(flow.pool, &key, &e, env),
             }
             if leased > 0 {
-                self.leases.put((i, key_id), leased, now);
+                env.leases.put((i, key_id), leased, now);
             }
             // A give-up admitted without taking: nothing to give back, nothing reserved.
             let taken_amount = if took { amount } else { 0 };
@@ -230,7 +230,7 @@ impl Governor {
     ) {
         for t in taken {
             if let Some(key_id) = t.leased {
-                self.leases.give((t.limit, key_id));
+                env.leases.give((t.limit, key_id));
                 continue;
             }
             let (key, amount) = (t.key, t.tokens);

@@ -176,6 +176,55 @@ pub trait Metrics {
     fn histogram(&mut self, pool: usize, h: Histogram, ms: u64);
 }
 
+/// The values one worker last wrote to each gauge of each pool, so a write that repeats one is
+/// skipped: most provider headers (limits, often remaining and reset too) repeat from one
+/// response to the next, and each write is a hostcall. Another worker may have written a
+/// different value in between; the gauge then shows that one until this worker sees a new
+/// value, which is within last-writer-wins.
+#[derive(Default)]
+pub struct GaugeCache {
+    written: Vec<[Option<u64>; Gauge::ALL.len()]>,
+}
+
+impl GaugeCache {
+    /// `sink` with this cache in front of its gauge writes.
+    pub fn over<'a>(&'a mut self, sink: &'a mut dyn Metrics) -> Cached<'a> {
+        Cached { cache: self, sink }
+    }
+}
+
+/// A metrics sink behind a `GaugeCache`.
+pub struct Cached<'a> {
+    cache: &'a mut GaugeCache,
+    sink: &'a mut dyn Metrics,
+}
+
+impl Metrics for Cached<'_> {
+    fn count(&mut self, pool: usize, c: Counter) {
+        self.sink.count(pool, c);
+    }
+
+    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
+        let written = &mut self.cache.written;
+        if written.len() <= pool {
+            written.resize(pool + 1, [None; Gauge::ALL.len()]);
+        }
+        let last = &mut written[pool][g.index()];
+        if *last != Some(value) {
+            *last = Some(value);
+            self.sink.gauge(pool, g, value);
+        }
+    }
+
+    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
+        self.sink.add(pool, g, delta);
+    }
+
+    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
+        self.sink.histogram(pool, h, ms);
+    }
+}
+
 /// A recording sink for tests.
 #[derive(Default, Debug)]
 pub struct Recorded {

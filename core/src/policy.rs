@@ -9,6 +9,7 @@
 use crate::classify::{self, Class, Dialect};
 use crate::config::{Config, LimitKey, LimitKind, Pool};
 use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
+pub use crate::env::{Clock, Env};
 use crate::estimate::{self, Estimate};
 use crate::headers::Headers;
 use crate::inflight::Slot;
@@ -16,53 +17,14 @@ use crate::keys;
 use crate::metrics::{Counter, Gauge, Histogram, Metrics};
 use crate::ratelimit::{self, Snapshot};
 use crate::reply::{self, AnswerSource, LimitFields, LocalReply};
-use crate::retry_after::{self, Random};
-use crate::store::{self, SharedStore, UpdateError};
+use crate::retry_after;
+use crate::store::{self, UpdateError};
 
-/// The request header that names the pool a request was steered to; Envoy routes on it.
-pub const STEERING_HEADER: &str = "x-llm-governor-pool";
+pub use crate::reply::STEERING_HEADER;
 
 /// What a client is told after an upstream "not now" when a fallback has room: come back at
 /// once (its retry is steered there). A few ms rather than 0, which SDKs would not trust.
 pub const FAILOVER_RETRY_MS: u64 = 5;
-
-/// What the host hands the policy for every call. Trait objects rather than generics: one
-/// indirect call per store or metrics operation is nothing next to a hostcall, and the policy
-/// reads as plain code.
-pub struct Env<'a> {
-    pub store: &'a dyn SharedStore,
-    pub metrics: &'a mut dyn Metrics,
-    pub rng: &'a mut dyn Random,
-    pub clock: Clock<'a>,
-}
-
-impl Env<'_> {
-    /// The time of this call, in ms since the epoch.
-    pub fn now(&self) -> u64 {
-        self.clock.now()
-    }
-}
-
-/// Where `Env::now` comes from: a time the host already read, or the host's clock, read the
-/// first time the policy asks and kept for the rest of the call (a plain success answer never
-/// asks, and skips the hostcall).
-pub enum Clock<'a> {
-    At(u64),
-    Lazy(&'a dyn Fn() -> u64, std::cell::OnceCell<u64>),
-}
-
-impl<'a> Clock<'a> {
-    pub fn lazy(read: &'a dyn Fn() -> u64) -> Clock<'a> {
-        Clock::Lazy(read, std::cell::OnceCell::new())
-    }
-
-    pub fn now(&self) -> u64 {
-        match self {
-            Clock::At(ms) => *ms,
-            Clock::Lazy(read, once) => *once.get_or_init(read),
-        }
-    }
-}
 
 /// The parts of a request the policy looks at.
 pub struct RequestView<'a> {
@@ -189,13 +151,6 @@ pub enum Admission {
     Wait(Blocked),
 }
 
-/// What `on_request` decided for a request that is not held.
-#[derive(Debug)]
-pub enum RequestDecision {
-    Forward(Flow),
-    Reply(Flow, LocalReply),
-}
-
 /// What the response path decided for a governed response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Governed {
@@ -217,6 +172,8 @@ pub enum ResponseStep {
     Rewrite(Governed),
 }
 
+/// The configuration and what is derived from it: immutable after load, and `Sync`, so every
+/// worker (and, in a native host, every thread) shares one. Per-worker state is `Worker`'s.
 pub struct Governor {
     pub cfg: Config,
     /// Per pool: the id of its name, for `key: pool` limits.
@@ -225,8 +182,6 @@ pub struct Governor {
     reads_body: bool,
     /// Some limit is keyed by model: the path is searched for one.
     keys_by_model: bool,
-    /// This worker's leases of request tokens (`lease.rs`).
-    pub(crate) leases: crate::lease::Leases,
 }
 
 impl Governor {
@@ -250,13 +205,7 @@ impl Governor {
             pool_ids,
             reads_body,
             keys_by_model,
-            leases: crate::lease::Leases::default(),
         }
-    }
-
-    /// This worker's leases of request tokens.
-    pub fn leases(&self) -> &crate::lease::Leases {
-        &self.leases
     }
 
     /// Whether the request body must be read before admission: only when some limit reserves
@@ -379,36 +328,6 @@ impl Governor {
     pub fn on_arrival(&self, flow: &Flow, env: &mut Env) {
         if flow.client_retry {
             env.metrics.count(flow.home_pool, Counter::ClientRetries);
-        }
-    }
-
-    /// A request that is not held: forwarded now, or answered locally at once.
-    pub fn on_request(&self, req: &RequestView, env: &mut Env) -> RequestDecision {
-        self.decide(self.flow_for(req), env)
-    }
-
-    /// `on_request` for a request whose body was read (a limit reserves tokens or keys by
-    /// model).
-    pub fn on_request_with_body(
-        &self,
-        req: &RequestView,
-        body: &[u8],
-        total_len: usize,
-        env: &mut Env,
-    ) -> RequestDecision {
-        let mut flow = self.flow_for(req);
-        self.on_request_body(&mut flow, body, total_len);
-        self.decide(flow, env)
-    }
-
-    fn decide(&self, mut flow: Flow, env: &mut Env) -> RequestDecision {
-        self.on_arrival(&flow, env);
-        match self.admit(&mut flow, env) {
-            Admission::Go => RequestDecision::Forward(flow),
-            Admission::Wait(b) => {
-                let reply = self.reply_for(&flow, &b, env);
-                RequestDecision::Reply(flow, reply)
-            }
         }
     }
 

@@ -79,6 +79,42 @@ impl LocalReply {
 /// On every response to a request the gateway held: how long it held it.
 pub const HELD_MS_HEADER: &str = "x-llm-governor-held-ms";
 
+/// The request header that names the pool a request was steered to; Envoy routes on it. Only
+/// the policy sets it: a client-sent one is removed before anything matches on it.
+pub const STEERING_HEADER: &str = "x-llm-governor-pool";
+
+/// What Envoy's access log can read of a governed answer, as filter state: the header each
+/// field is copied from, and its key (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, ...).
+/// Part of the observability contract.
+pub const ACCESS_LOG_FIELDS: [(&str, &str); 5] = [
+    ("x-llm-governor-class", "llm_governor.class"),
+    ("x-llm-governor-source", "llm_governor.source"),
+    ("retry-after-ms", "llm_governor.delay_ms"),
+    (HELD_MS_HEADER, "llm_governor.held_ms"),
+    (STEERING_HEADER, "llm_governor.pool"),
+];
+
+/// The access-log fields (filter-state key, value) that `headers` carry.
+pub fn access_log(headers: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    ACCESS_LOG_FIELDS
+        .iter()
+        .filter_map(|(name, key)| {
+            let (_, v) = headers.iter().find(|(n, _)| n == name)?;
+            Some((*key, v.clone()))
+        })
+        .collect()
+}
+
+/// The answer to a request that carried the steering header when the host could not remove
+/// it: refused, so a client can never pick its own pool (and with it the credential).
+pub fn reserved_header() -> LocalReply {
+    LocalReply {
+        status: 400,
+        headers: Vec::new(),
+        body: format!("{STEERING_HEADER} is reserved\n").into_bytes(),
+    }
+}
+
 pub fn local_reply(
     dialect: Dialect,
     class: Class,

@@ -20,6 +20,28 @@ pub trait Random {
     fn unit(&mut self) -> f64;
 }
 
+/// xorshift64*: the worker's randomness, seeded once by the host (from its entropy source).
+/// Jitter needs spread, not secrecy; one seed per worker keeps hostcalls off the hot path.
+pub struct Xorshift(u64);
+
+impl Xorshift {
+    pub fn seeded(seed: u64) -> Xorshift {
+        Xorshift(seed | 1)
+    }
+}
+
+impl Random for Xorshift {
+    fn unit(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (r >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// The provider's own delay, from the first source that yields a positive, well-formed value:
 /// `retry-after-ms`; `retry-after` as delta-seconds or HTTP-date; the reset header of the
 /// exhausted dimension; Gemini `RetryInfo.retryDelay`. Zero, past and malformed values are

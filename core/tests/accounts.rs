@@ -4,18 +4,18 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::Decision;
 use common::{header, Host};
 use llm_governor_core::keys::fnv1a64;
 use llm_governor_core::metrics::Counter;
-use llm_governor_core::policy::RequestDecision;
 
 const CHAT: &str = "/v1/chat/completions";
 const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
 
 fn cooled(host: &mut Host, h: &[(&str, &str)]) -> bool {
     match host.request(CHAT, h) {
-        RequestDecision::Reply(_, r) => header(&r.headers, "x-llm-governor-source") == "cooldown",
-        RequestDecision::Forward(_) => false,
+        Decision::Reply(r) => header(&r.headers, "x-llm-governor-source") == "cooldown",
+        Decision::Forward(_) => false,
     }
 }
 
@@ -94,7 +94,7 @@ fn requests_without_any_account_header_share_one_account() {
 #[test]
 fn past_max_keys_new_accounts_are_not_cooled_but_told_the_right_time() {
     let mut host = Host::new(r#"{"max_keys": 2, "hold": {"max_ms": 0}}"#);
-    host.rng.0 = 0.5;
+    host.rng.set(0.5);
     for key in ["sk-1", "sk-2"] {
         let auth = format!("Bearer {key}");
         let f = host.forward(CHAT, &[("authorization", &auth)]);

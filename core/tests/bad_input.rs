@@ -4,7 +4,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{header, view, Host};
+use common::{header, Decision, Host};
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::ratelimit;
 
@@ -43,7 +43,7 @@ const IGNORED: &[(&str, &[u8])] = &[
 fn malformed_delay_values_fall_through_to_the_backoff() {
     for (name, value) in IGNORED {
         let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000}}"#);
-        host.rng.0 = 0.5;
+        host.rng.set(0.5);
         let flow = host.forward("/v1/chat/completions", &[]);
         let mut hs = owned(&[("x-ratelimit-remaining-requests", "0")]);
         hs.push((name.to_string(), value.to_vec()));
@@ -145,7 +145,7 @@ fn respond_raw(
     use llm_governor_core::policy::{Clock, ResponseStep};
     let flow = &mut flow.clone();
     let now = host.now_ms;
-    let (governor, _, mut env) = host.parts_with(Clock::At(now));
+    let (governor, mut env) = host.parts_with(Clock::At(now));
     let g = match governor.on_response_headers(
         flow,
         status,
@@ -168,53 +168,53 @@ fn respond_raw(
 /// answer that starts a cooldown (timed from that reading) and for a request it then refuses.
 #[test]
 fn the_clock_is_read_only_when_the_answer_needs_it() {
-    use llm_governor_core::policy::{Clock, RequestDecision};
-    use std::cell::Cell;
     let mut host = Host::new("{}");
-    let reads = Cell::new(0u32);
-    let at = host.now_ms;
-    let read = || {
-        reads.set(reads.get() + 1);
-        at
+    let mut next = 0;
+    // Each request a stream of its own, through the worker from headers to end.
+    let mut respond = |host: &mut Host, status: u16, hs: &[(&str, &str)]| {
+        next += 1;
+        host.arrive(
+            next,
+            "/v1/chat/completions",
+            &[("authorization", "Bearer k")],
+        );
+        host.stream_response(next, status, hs, "");
+        host.end_stream(next);
     };
-    let respond = |host: &mut Host, status: u16, hs: &[(&str, &str)]| {
-        let mut flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);
-        let (governor, _, mut env) = host.parts_with(Clock::lazy(&read));
-        let hs = owned(hs);
-        governor.on_response_headers(&mut flow, status, &Headers::new(&hs), true, true, &mut env);
-        governor.on_stream_end(&mut flow, None, &mut env);
-    };
-    let ask = |host: &mut Host| {
-        let hs = owned(&[("authorization", "Bearer k")]);
-        let (governor, _, mut env) = host.parts_with(Clock::lazy(&read));
-        governor.on_request(&view("/v1/chat/completions", &hs), &mut env)
-    };
-    assert!(matches!(ask(&mut host), RequestDecision::Forward(_)));
-    assert_eq!(reads.get(), 0, "a request nothing cools read the clock");
+    let reads = |host: &Host| host.clock_reads.get();
+    let ask =
+        |host: &mut Host| host.request("/v1/chat/completions", &[("authorization", "Bearer k")]);
+    assert!(matches!(ask(&mut host), Decision::Forward(_)));
+    assert_eq!(reads(&host), 0, "a request nothing cools read the clock");
     let plenty = [
         ("x-ratelimit-remaining-requests", "99"),
         ("x-ratelimit-reset-requests", "6ms"),
     ];
     respond(&mut host, 200, &plenty);
     respond(&mut host, 201, &[]);
-    assert_eq!(reads.get(), 0, "a plain success read the clock");
+    assert_eq!(reads(&host), 0, "a plain success read the clock");
     // The provider says nothing is left: a preemptive cooldown, timed from one reading.
     let empty = [
         ("x-ratelimit-remaining-requests", "0"),
         ("x-ratelimit-reset-requests", "2s"),
     ];
     respond(&mut host, 200, &empty);
-    assert_eq!(reads.get(), 1);
+    assert_eq!(reads(&host), 1);
     match host.request("/v1/chat/completions", &[("authorization", "Bearer k")]) {
-        RequestDecision::Reply(_, r) => assert_eq!(r.status, 429),
+        Decision::Reply(r) => assert_eq!(r.status, 429),
         other => panic!("expected a local 429 during the cooldown, got {other:?}"),
     }
     // A request of the cooling account needs the time to compare with the cooldown's end.
-    assert!(matches!(ask(&mut host), RequestDecision::Reply(..)));
-    assert_eq!(reads.get(), 2);
+    let before = reads(&host);
+    assert!(matches!(ask(&mut host), Decision::Reply(..)));
+    assert_eq!(
+        reads(&host),
+        before + 1,
+        "one reading for a refused request"
+    );
     host.advance(2_001);
     assert!(matches!(
         host.request("/v1/chat/completions", &[("authorization", "Bearer k")]),
-        RequestDecision::Forward(_)
+        Decision::Forward(_)
     ));
 }

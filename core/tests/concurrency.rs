@@ -1,5 +1,5 @@
-//! Local limits under concurrency, driven the way Envoy drives them: several workers (threads)
-//! call `Governor::on_request` against one shared store with Envoy's semantics (no
+//! Local limits under concurrency, driven the way Envoy drives them: several workers (threads),
+//! each a `Worker` over one shared `Governor`, take requests against one shared store with Envoy's semantics (no
 //! insert-if-absent, an unconditional set on a missing key), and each request reads a clock
 //! that has moved since the previous one.
 //!
@@ -18,11 +18,12 @@ use llm_governor_core::config;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys;
 use llm_governor_core::metrics::{Counter, Recorded};
-use llm_governor_core::policy::{Clock as EnvClock, Env, Governor, RequestDecision, RequestView};
+use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::retry_after::Random;
 use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Barrier;
+use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
 
 const T0: u64 = 1_796_055_600_000;
 
@@ -86,9 +87,31 @@ impl Clock {
     }
 }
 
+/// No request of these tests has a body, and every response is the upstream's.
+struct NoBuffers;
+
+impl StreamIo for NoBuffers {
+    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn answered_by_upstream(&mut self, _: u32) -> bool {
+        true
+    }
+}
+
+/// A worker (a VM) over the shared governor.
+fn worker(gov: &Arc<Governor>) -> Worker {
+    Worker::with_random(Arc::clone(gov), Box::new(Zero))
+}
+
+static STREAM_IDS: AtomicU32 = AtomicU32::new(1);
+
 /// One request as a worker's VM handles it; true when it is forwarded upstream.
 fn request(
-    gov: &Governor,
+    w: &mut Worker,
     store: &Observed,
     metrics: &mut Recorded,
     clock: &Clock,
@@ -100,19 +123,21 @@ fn request(
         authority: b"api.example.com",
         headers: Headers::new(&hs),
     };
-    let mut rng = Zero;
-    let mut env = Env {
+    let now = clock.now();
+    let read = move || now;
+    let mut lent = Lent {
         store,
         metrics,
-        rng: &mut rng,
-        clock: EnvClock::At(clock.now()),
+        clock: &read,
+        io: &mut NoBuffers,
     };
-    matches!(gov.on_request(&view, &mut env), RequestDecision::Forward(_))
+    let id = STREAM_IDS.fetch_add(1, Ordering::Relaxed);
+    w.on_request_headers(id, &view, true, &mut lent).action == Action::Continue
 }
 
-fn governor(limits: &str) -> Governor {
+fn governor(limits: &str) -> Arc<Governor> {
     let json = format!(r#"{{"hold": {{"max_ms": 0}}, "limits": [{limits}]}}"#);
-    Governor::new(config::parse(json.as_bytes()).unwrap())
+    Arc::new(Governor::new(config::parse(json.as_bytes()).unwrap()))
 }
 
 /// What a run of workers did: requests forwarded, and fail-open give-ups counted.
@@ -120,13 +145,15 @@ struct Outcome {
     admitted: usize,
     refused: usize,
     contended: usize,
+    /// Tokens the workers' leases hold or dropped unspent (taken from the bucket too).
+    unspent: u64,
 }
 
 /// `workers` threads, each sending `per_worker` requests of `tenant` one after the other; with
 /// `sync_first`, every worker's first request starts at the same moment and completes before
 /// any worker sends its second (each worker's first request for a new tenant).
 fn hammer(
-    gov: &Governor,
+    gov: &Arc<Governor>,
     store: &Observed,
     clock: &Clock,
     tenant: &str,
@@ -135,16 +162,18 @@ fn hammer(
     sync_first: bool,
 ) -> Outcome {
     let barrier = Barrier::new(workers);
-    let results: Vec<(usize, usize, usize)> = std::thread::scope(|s| {
+    let results: Vec<(usize, usize, usize, u64)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 let barrier = &barrier;
                 s.spawn(move || {
+                    let mut w = worker(gov);
                     let mut metrics = Recorded::default();
                     let mut admitted = 0;
                     barrier.wait();
                     for i in 0..per_worker {
-                        admitted += usize::from(request(gov, store, &mut metrics, clock, tenant));
+                        admitted +=
+                            usize::from(request(&mut w, store, &mut metrics, clock, tenant));
                         if sync_first && i == 0 {
                             barrier.wait();
                         }
@@ -154,7 +183,12 @@ fn hammer(
                         .iter()
                         .filter(|(_, c)| *c == Counter::StoreContention)
                         .count();
-                    (admitted, per_worker - admitted, contended)
+                    (
+                        admitted,
+                        per_worker - admitted,
+                        contended,
+                        w.leases().unspent(),
+                    )
                 })
             })
             .collect();
@@ -164,6 +198,7 @@ fn hammer(
         admitted: results.iter().map(|r| r.0).sum(),
         refused: results.iter().map(|r| r.1).sum(),
         contended: results.iter().map(|r| r.2).sum(),
+        unspent: results.iter().map(|r| r.3).sum(),
     }
 }
 
@@ -196,11 +231,12 @@ fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
     // The contention Envoy sees: refusals write as well, so the native hammers below contend
     // on every request, not only on the five that take a token.
     let gov = governor(TENANT_RPM);
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     let mut metrics = Recorded::default();
     let admitted: Vec<bool> = (0..10)
-        .map(|_| request(&gov, &store, &mut metrics, &clock, "t"))
+        .map(|_| request(&mut w, &store, &mut metrics, &clock, "t"))
         .collect();
     assert_eq!(admitted, [[true; 5], [false; 5]].concat());
     // The creation, five takes, and five refill timestamps.
@@ -216,12 +252,13 @@ fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
 #[test]
 fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
     let gov = governor(TENANT_RPM);
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     let mut metrics = Recorded::default();
-    assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+    assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     store.inner.inject_conflicts.store(3, Ordering::SeqCst);
-    assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+    assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 0);
     let level = store
         .bucket("tenant-rpm", keys::fnv1a64(b"t"))
@@ -232,7 +269,7 @@ fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
         .inject_conflicts
         .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
     assert!(
-        request(&gov, &store, &mut metrics, &clock, "t"),
+        request(&mut w, &store, &mut metrics, &clock, "t"),
         "a give-up admits"
     );
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
@@ -244,6 +281,7 @@ fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
 #[test]
 fn many_workers_never_admit_more_than_burst_on_an_existing_bucket() {
     let gov = governor(TENANT_RPM);
+    let mut w = worker(&gov);
     let mut worst_conflicts = 0;
     for round in 0..20 {
         let store = Observed::default();
@@ -251,7 +289,7 @@ fn many_workers_never_admit_more_than_burst_on_an_existing_bucket() {
         let tenant = format!("t{round}");
         // The bucket exists (one earlier request took a token).
         assert!(request(
-            &gov,
+            &mut w,
             &store,
             &mut Recorded::default(),
             &clock,
@@ -318,6 +356,7 @@ fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
     let gov = governor(&format!(
         r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
     ));
+    let mut w = worker(&gov);
     let pool_id = keys::fnv1a64(b"default");
     for round in 0..20 {
         let store = Observed::default();
@@ -325,7 +364,7 @@ fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
         let tenant = format!("t{round}");
         // Both buckets exist (one earlier request took from each): no first-write race.
         assert!(request(
-            &gov,
+            &mut w,
             &store,
             &mut Recorded::default(),
             &clock,
@@ -353,11 +392,12 @@ fn a_token_that_was_never_taken_is_not_given_back() {
     let gov = governor(&format!(
         r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
     ));
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     let mut metrics = Recorded::default();
     for _ in 0..5 {
-        assert!(request(&gov, &store, &mut metrics, &clock, "t"));
+        assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     }
     let pool_id = keys::fnv1a64(b"default");
     let before = store.bucket("pool-rpm", pool_id).unwrap().level;
@@ -367,7 +407,7 @@ fn a_token_that_was_never_taken_is_not_given_back() {
         .inner
         .inject_conflicts
         .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
-    assert!(!request(&gov, &store, &mut metrics, &clock, "t"));
+    assert!(!request(&mut w, &store, &mut metrics, &clock, "t"));
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
     let after = store.bucket("pool-rpm", pool_id).unwrap().level;
     // Nothing was taken from the pool bucket, so nothing may be given back (refill over the
@@ -384,16 +424,23 @@ fn contention_on_a_hot_key_loses_no_update() {
     let gov = governor(
         r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 1000000}"#,
     );
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     // The bucket exists before the workers start: no first-write race.
-    assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+    assert!(request(
+        &mut w,
+        &store,
+        &mut Recorded::default(),
+        &clock,
+        "t"
+    ));
     let run = hammer(&gov, &store, &clock, "t", 4, 2_000, false);
     assert_eq!(run.admitted, 8_000);
     let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
-    // The four threads share one governor, so one worker's leases (lease.rs): what they hold
-    // or dropped unspent was taken from the bucket too.
-    let stock = gov.leases().unspent();
+    // What the workers' leases (lease.rs) hold or dropped unspent was taken from the bucket
+    // too.
+    let stock = w.leases().unspent() + run.unspent;
     let taken = (1 + 8_000 - run.contended) as i64 + stock as i64;
     // Every completed take is reflected exactly once (no lost update under CAS), and the
     // refill is exact: 50 units (1/60000 of a token) per ms between the bucket's creation
@@ -411,15 +458,15 @@ fn contention_on_a_hot_key_loses_no_update() {
 
 #[test]
 fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
-    // Four workers (four governors: four lease maps) on one bucket of 2,000 that does not
-    // refill during the test: leases are taken while it is far from empty, one CAS a request
+    // Four workers (four lease maps) on one bucket of 2,000 that does not refill during the test: leases are taken while it is far from empty, one CAS a request
     // near the end. Every worker sends until refused: the bucket admits exactly 2,000.
     let limit = r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#;
-    let workers: Vec<Governor> = (0..4).map(|_| governor(limit)).collect();
+    let gov = governor(limit);
+    let mut workers: Vec<Worker> = (0..4).map(|_| worker(&gov)).collect();
     let store = Observed::default();
     let clock = Clock::new();
     assert!(request(
-        &workers[0],
+        &mut workers[0],
         &store,
         &mut Recorded::default(),
         &clock,
@@ -427,13 +474,13 @@ fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
     ));
     let admitted: Vec<usize> = std::thread::scope(|s| {
         let handles: Vec<_> = workers
-            .iter()
-            .map(|gov| {
+            .iter_mut()
+            .map(|w| {
                 let (store, clock) = (&store, &clock);
                 s.spawn(move || {
                     let mut metrics = Recorded::default();
                     let mut n = 0;
-                    while request(gov, store, &mut metrics, clock, "t") {
+                    while request(w, store, &mut metrics, clock, "t") {
                         n += 1;
                     }
                     n
@@ -444,7 +491,7 @@ fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
     });
     // The test clock moves 1 ms a request: some leases expire with tokens left, which were
     // taken from the bucket and are never spent (fewer admitted, never more).
-    let unspent: u64 = workers.iter().map(|g| g.leases().unspent()).sum();
+    let unspent: u64 = workers.iter().map(|w| w.leases().unspent()).sum();
     assert_eq!(
         1 + admitted.iter().sum::<usize>() as u64 + unspent,
         2000,
@@ -464,14 +511,20 @@ fn near_empty_every_request_is_one_compare_and_swap() {
     // A bucket below the lease floor never lends: the e2e budget tests' burst 5 stays exact.
     let gov =
         governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 500}"#);
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     for _ in 0..20 {
-        assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+        assert!(request(
+            &mut w,
+            &store,
+            &mut Recorded::default(),
+            &clock,
+            "t"
+        ));
     }
     assert_eq!(
-        gov.leases()
-            .left((0, keys::fnv1a64(b"default")), clock.now()),
+        w.leases().left((0, keys::fnv1a64(b"default")), clock.now()),
         0
     );
     let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
@@ -485,16 +538,23 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
     // used.
     let gov =
         governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#);
+    let mut w = worker(&gov);
     let store = Observed::default();
     let clock = Clock::new();
     for _ in 0..10 {
-        assert!(request(&gov, &store, &mut Recorded::default(), &clock, "t"));
+        assert!(request(
+            &mut w,
+            &store,
+            &mut Recorded::default(),
+            &clock,
+            "t"
+        ));
         for _ in 0..llm_governor_core::lease::LEASE_MS {
             clock.now(); // a second passes
         }
     }
     let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
-    let held = gov.leases().unspent();
+    let held = w.leases().unspent();
     assert_eq!(
         held,
         llm_governor_core::lease::LEASE - 1,

@@ -3,9 +3,9 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::Decision;
 use common::{header, Host};
 use llm_governor_core::metrics::Counter;
-use llm_governor_core::policy::RequestDecision;
 
 const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -23,18 +23,18 @@ const B: (&str, &str) = ("authorization", "Bearer sk-b");
 
 fn local(host: &mut Host, path: &str, h: &[(&str, &str)]) -> Vec<(&'static str, String)> {
     match host.request(path, h) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(r.status, 429);
             r.headers
         }
-        RequestDecision::Forward(_) => panic!("expected a local answer"),
+        Decision::Forward(_) => panic!("expected a local answer"),
     }
 }
 
 #[test]
 fn rate_limit_cools_the_account_until_the_provider_time() {
     let mut host = Host::new(CFG);
-    host.rng.0 = 0.5;
+    host.rng.set(0.5);
     let flow = host.forward("/v1/chat/completions", &[A]);
     host.respond(&flow, 429, &[("retry-after", "4")], RL);
     for i in 1..=100 {
@@ -62,7 +62,7 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
 #[test]
 fn local_answers_spread_clients_over_the_jitter_window() {
     let mut host = Host::new(CFG);
-    host.rng.0 = 0.5;
+    host.rng.set(0.5);
     let flow = host.forward("/v1/chat/completions", &[A]);
     host.respond(&flow, 429, &[("retry-after", "10")], RL);
     host.advance(9_900);
@@ -198,13 +198,13 @@ fn local_bodies_speak_the_pool_dialect() {
         let f = host.forward(path, &[A]);
         host.respond(&f, 429, &[("retry-after", "5")], RL);
         match host.request(path, &[A]) {
-            RequestDecision::Reply(_, r) => {
+            Decision::Reply(r) => {
                 let body = String::from_utf8_lossy(&r.body).into_owned();
                 assert!(body.contains(needle), "{path}: {body}");
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
                 assert!(v.is_object(), "{path}: body is JSON");
             }
-            RequestDecision::Forward(_) => panic!("{path}: forwarded"),
+            Decision::Forward(_) => panic!("{path}: forwarded"),
         }
     }
 }
@@ -219,7 +219,10 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let f2 = host.forward("/v1/messages", &[("x-api-key", "sk-secret-123")]);
     assert_eq!(f.account, f2.account);
-    assert_eq!(f.account, llm_governor_core::keys::fnv1a64(b"sk-secret-123"));
+    assert_eq!(
+        f.account,
+        llm_governor_core::keys::fnv1a64(b"sk-secret-123")
+    );
     let dump = host.store.dump();
     assert!(!dump.is_empty());
     for (k, v) in dump {
@@ -310,7 +313,7 @@ fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
 #[test]
 fn short_cooldowns_in_an_episode_keep_its_spread() {
     let mut host = Host::new(CFG);
-    host.rng.0 = 0.5;
+    host.rng.set(0.5);
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
     host.advance(3_000);

@@ -5,9 +5,9 @@
 
 mod common;
 
+use common::Step;
 use common::{flows, go, header, Host};
 use llm_governor_core::config;
-use llm_governor_core::hold::Step;
 use llm_governor_core::keys;
 use llm_governor_core::metrics::{Counter, Gauge};
 
@@ -28,10 +28,10 @@ const BACKUP: usize = 1;
 fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     let mut host = Host::new(CFG);
     let f = host.forward(PATH, &[A]);
-    assert_eq!(host.governor.steered_to(&f), None);
+    assert_eq!(host.governor().steered_to(&f), None);
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let mut steered = go(host.arrive(1, PATH, &[A]));
-    assert_eq!(host.governor.steered_to(&steered), Some("backup"));
+    assert_eq!(host.governor().steered_to(&steered), Some("backup"));
     assert_eq!(steered.pool, BACKUP);
     // The fallback's account is its label, hashed like a credential: never the client's key.
     assert_eq!(steered.account, keys::fnv1a64(b"backup-key"));
@@ -50,7 +50,7 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     host.advance(2_000);
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
-    assert_eq!(host.governor.steered_to(&out[0].1), Some("backup"));
+    assert_eq!(host.governor().steered_to(&out[0].1), Some("backup"));
     // Hold stats are the home pool's, wherever the request waited or went: the gauge is back
     // at 0 on both pools (the soak found it drifting +n on one and -n on the other).
     assert_eq!(host.metrics.count_of(PRIMARY, Counter::Held), 1);
@@ -71,7 +71,7 @@ fn both_cooling_beyond_the_hold_answers_with_the_shortest_wait() {
     let mut steered = go(host.arrive(1, PATH, &[A]));
     host.answer(&mut steered, 429, &[("retry-after", "20")], RL);
     match host.arrive(2, PATH, &[A]) {
-        Step::Reply(_, r) => {
+        Step::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
             assert_eq!(header(&r.headers, "retry-after-ms"), "20000");
         }
@@ -147,7 +147,7 @@ fn an_empty_local_bucket_is_never_steered_around() {
     );
     go(host.arrive(1, PATH, &[A, ("x-tenant", "t")]));
     match host.arrive(2, PATH, &[A, ("x-tenant", "t")]) {
-        Step::Reply(_, r) => assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit"),
+        Step::Reply(r) => assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit"),
         other => panic!("expected a local answer, got {other:?}"),
     }
 }

@@ -5,11 +5,11 @@
 
 mod common;
 
+use common::Step;
 use common::{answered, flows, go, gone, header, Host};
 use llm_governor_core::config::Hold;
 use llm_governor_core::deadline;
 use llm_governor_core::headers::{owned, Headers};
-use llm_governor_core::hold::{Release, Step};
 use llm_governor_core::metrics::{Counter, Gauge};
 use llm_governor_core::policy::Flow;
 
@@ -35,7 +35,7 @@ fn held(step: Step) {
 
 fn reply_headers(step: Step) -> Vec<(&'static str, String)> {
     match step {
-        Step::Reply(_, r) => r.headers,
+        Step::Reply(r) => r.headers,
         other => panic!("expected a local answer, got {other:?}"),
     }
 }
@@ -194,7 +194,7 @@ fn past_max_held_requests_are_answered_at_once() {
     held(host.arrive(2, PATH, &[A]));
     let h = reply_headers(host.arrive(3, PATH, &[A]));
     assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
-    assert_eq!(host.holds.len(), 2);
+    assert_eq!(host.worker.held(), 2);
 }
 
 #[test]
@@ -224,12 +224,12 @@ fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
     let mut other = Flow {
         ..host.forward(PATH, &[B])
     };
-    other.account = host.governor.account_of(&Headers::new(&owned(&[A])));
+    other.account = host.governor().account_of(&Headers::new(&owned(&[A])));
     host.answer(&mut other, 429, &[("retry-after", "20")], RL);
     host.advance(2_900);
     let out = host.tick();
     assert_eq!(answered(&out), [1]);
-    let Release::Reply { reply, .. } = &out[0] else {
+    let (_, Step::Reply(reply)) = &out[0] else {
         panic!("expected a local answer");
     };
     assert_eq!(header(&reply.headers, "x-llm-governor-held-ms"), "3000");
@@ -249,8 +249,10 @@ fn a_client_that_leaves_while_held_is_forgotten() {
     cool(&mut host, "1");
     held(host.arrive(1, PATH, &[A]));
     held(host.arrive(2, PATH, &[A]));
-    assert!(host.leave(1).is_some());
-    assert!(host.leave(1).is_none(), "forgotten once");
+    host.leave(1);
+    assert_eq!(host.worker.held(), 1);
+    host.leave(1);
+    assert_eq!(host.worker.held(), 1, "forgotten once");
     assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 1);
     host.advance(1_000);
     assert_eq!(gone(&host.tick()), [2], "the one who stayed is the probe");

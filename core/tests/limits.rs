@@ -3,9 +3,9 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::Decision;
 use common::{header, Host};
 use llm_governor_core::metrics::Counter;
-use llm_governor_core::policy::RequestDecision;
 
 const CFG: &str = r#"{"limits": [
   {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 60, "burst": 5}
@@ -15,7 +15,7 @@ fn admitted(host: &mut Host, tenant: Option<&str>) -> bool {
     let h: Vec<(&str, &str)> = tenant.map(|t| vec![("x-tenant-id", t)]).unwrap_or_default();
     matches!(
         host.request("/v1/chat/completions", &h),
-        RequestDecision::Forward(_)
+        Decision::Forward(_)
     )
 }
 
@@ -26,7 +26,7 @@ fn burst_then_one_per_second_with_ietf_fields() {
         assert!(admitted(&mut host, Some("t1")));
     }
     match host.request("/v1/chat/completions", &[("x-tenant-id", "t1")]) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit");
             assert_eq!(header(&r.headers, "retry-after-ms"), "1000");
             assert_eq!(header(&r.headers, "retry-after"), "1");
@@ -36,7 +36,7 @@ fn burst_then_one_per_second_with_ietf_fields() {
             );
             assert_eq!(header(&r.headers, "ratelimit"), "\"tenant-rpm\";r=0;t=1");
         }
-        RequestDecision::Forward(_) => panic!("sixth request admitted"),
+        Decision::Forward(_) => panic!("sixth request admitted"),
     }
     assert_eq!(
         host.metrics.count_of(3, Counter::LocalRejectLimit)
@@ -70,21 +70,12 @@ fn account_and_pool_keys() {
     );
     let a = [("authorization", "Bearer a")];
     let b = [("authorization", "Bearer b")];
-    assert!(matches!(
-        host.request("/x", &a),
-        RequestDecision::Forward(_)
-    ));
-    assert!(matches!(
-        host.request("/x", &a),
-        RequestDecision::Forward(_)
-    ));
-    assert!(matches!(host.request("/x", &a), RequestDecision::Reply(..)));
-    assert!(matches!(
-        host.request("/x", &b),
-        RequestDecision::Forward(_)
-    ));
+    assert!(matches!(host.request("/x", &a), Decision::Forward(_)));
+    assert!(matches!(host.request("/x", &a), Decision::Forward(_)));
+    assert!(matches!(host.request("/x", &a), Decision::Reply(..)));
+    assert!(matches!(host.request("/x", &b), Decision::Forward(_)));
     // The pool bucket (3) is now empty for everyone.
-    assert!(matches!(host.request("/x", &b), RequestDecision::Reply(..)));
+    assert!(matches!(host.request("/x", &b), Decision::Reply(..)));
 }
 
 #[test]
@@ -164,15 +155,15 @@ fn tenant_floods_cannot_switch_off_cooldowns() {
         ("x-tenant-id", "tenant-0"),
     ];
     let flow = match host.request("/v1/chat/completions", &a) {
-        RequestDecision::Forward(f) => f,
-        RequestDecision::Reply(..) => panic!("not admitted"),
+        Decision::Forward(f) => f,
+        Decision::Reply(..) => panic!("not admitted"),
     };
     host.respond(&flow, 429, &[("retry-after", "4")], "{}");
     match host.request("/v1/chat/completions", &a) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown")
         }
-        RequestDecision::Forward(_) => panic!("the cooldown was not recorded"),
+        Decision::Forward(_) => panic!("the cooldown was not recorded"),
     }
 }
 
@@ -197,9 +188,9 @@ fn three_limits_each_keyed_its_own_way() {
             ],
         )
     };
-    let refused_by = |d: RequestDecision| match d {
-        RequestDecision::Reply(_, r) => header(&r.headers, "ratelimit-policy").to_string(),
-        RequestDecision::Forward(f) => {
+    let refused_by = |d: Decision| match d {
+        Decision::Reply(r) => header(&r.headers, "ratelimit-policy").to_string(),
+        Decision::Forward(f) => {
             assert_eq!(f.limit_keys.len(), 3);
             assert_eq!(f.limit_keys[2], llm_governor_core::keys::fnv1a64(b"a"));
             String::new()

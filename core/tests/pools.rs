@@ -4,9 +4,9 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{header, Host};
+use common::{header, Decision, Host};
 use llm_governor_core::headers::{owned, Headers};
-use llm_governor_core::policy::{Clock, RequestDecision, RequestView};
+use llm_governor_core::policy::RequestView;
 use serde_json::{json, Value};
 
 /// The pool a request with this authority, path and headers is governed by.
@@ -17,11 +17,8 @@ fn pool_of(host: &mut Host, authority: &str, path: &str, headers: &[(&str, &str)
         authority: authority.as_bytes(),
         headers: Headers::new(&hs),
     };
-    let now = host.now_ms;
-    let (governor, _, mut env) = host.parts_with(Clock::At(now));
-    let flow = match governor.on_request(&view, &mut env) {
-        RequestDecision::Forward(f) | RequestDecision::Reply(f, _) => f,
-    };
+    let governor = host.governor();
+    let flow = governor.flow_for(&view);
     governor.cfg.pools[flow.pool].name.clone()
 }
 
@@ -97,13 +94,13 @@ fn local_body(host: &mut Host, path: &str, headers: &[(&str, &str)]) -> Value {
     let flow = host.forward(path, headers);
     host.respond(&flow, 429, &[("retry-after", "5")], "{}");
     match host.request(path, headers) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(r.status, 429);
             assert_eq!(header(&r.headers, "content-type"), "application/json");
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
             serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: {e}"))
         }
-        RequestDecision::Forward(_) => panic!("{path}: forwarded while cooling"),
+        Decision::Forward(_) => panic!("{path}: forwarded while cooling"),
     }
 }
 

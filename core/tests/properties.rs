@@ -11,20 +11,22 @@
 
 mod common;
 
-use common::{header, FixedRng, Host, T0};
+use common::{header, Decision, FixedRng, Host, T0};
 use llm_governor_core::classify::Class;
 use llm_governor_core::config::{self, RetryAfter};
 use llm_governor_core::cooldown::{self, CooldownRecord, Wanted};
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys;
 use llm_governor_core::metrics::{Counter, Recorded};
-use llm_governor_core::policy::{Clock, Env, Governor, RequestDecision, RequestView};
+use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::retry_after;
 use llm_governor_core::store::{MemStore, SharedStore, StoreError};
 use llm_governor_core::time::MAX_PARSED_MS;
 use llm_governor_core::usage::UsageScanner;
+use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 
 /// `cases` per property, a fixed seed unless the environment picks one, and no regression
@@ -132,7 +134,7 @@ proptest! {
         cfg in retry_after_cfg(),
         u in rng_value(),
     ) {
-        let told = retry_after::told(provider_ms, spread_ms, &cfg, &mut FixedRng(u));
+        let told = retry_after::told(provider_ms, spread_ms, &cfg, &mut FixedRng::new(u));
         prop_assert!(told >= provider_ms.min(cfg.max_ms).max(1), "told {told}");
         prop_assert!(told <= cfg.max_ms, "told {told} above max_ms {}", cfg.max_ms);
     }
@@ -158,7 +160,7 @@ proptest! {
             cfg.default_ms, cfg.max_ms, cfg.jitter, cfg.escalate
         );
         let mut host = Host::new(&json);
-        host.rng = FixedRng(u);
+        host.rng.set(u);
         let provider = hint.provider_ms();
         let floor = provider.min(cfg.max_ms);
         let hs = hint.headers();
@@ -180,14 +182,14 @@ proptest! {
         host.advance(elapsed);
         let left = cooling - elapsed;
         match host.request("/v1/chat/completions", &[("authorization", "Bearer sk-p")]) {
-            RequestDecision::Reply(_, r) => {
+            Decision::Reply(r) => {
                 let ms: u64 = header(&r.headers, "retry-after-ms").parse().unwrap();
                 let secs: u64 = header(&r.headers, "retry-after").parse().unwrap();
                 let floor = left.min(cfg.max_ms);
                 prop_assert!(ms >= floor, "local answer {ms} < {floor} ms left");
                 prop_assert!(secs.saturating_mul(1000) >= floor);
             }
-            RequestDecision::Forward(_) => {
+            Decision::Forward(_) => {
                 prop_assert_eq!(left, 0, "forwarded with {} ms of cooldown left", left);
             }
         }
@@ -419,7 +421,7 @@ impl Outcome {
 /// `Governor::on_request`, all workers at once, store operations in the order `picks` says;
 /// worker 0 is descheduled before its first write of a key starting with `starve`.
 fn race(
-    governor: &Governor,
+    governor: &Arc<Governor>,
     store: &MemStore,
     requests: &[Vec<(String, u64)>],
     picks: Vec<u8>,
@@ -443,22 +445,25 @@ fn race(
                         blind_writes,
                     };
                     let mut metrics = Recorded::default();
-                    let mut rng = FixedRng(0.5);
+                    let mut worker =
+                        Worker::with_random(Arc::clone(governor), Box::new(FixedRng::new(0.5)));
                     let mut forwarded = 0;
-                    for (tenant, now_ms) in mine {
+                    for (id, (tenant, now_ms)) in (1..).zip(mine) {
                         let hs = owned(&[("x-tenant-id", tenant)]);
                         let view = RequestView {
                             path: b"/v1/chat/completions",
                             authority: b"api.example.com",
                             headers: Headers::new(&hs),
                         };
-                        let mut env = Env {
+                        let now = *now_ms;
+                        let mut lent = Lent {
                             store: &store,
                             metrics: &mut metrics,
-                            rng: &mut rng,
-                            clock: Clock::At(*now_ms),
+                            clock: &move || now,
+                            io: &mut NoBuffers,
                         };
-                        if let RequestDecision::Forward(_) = governor.on_request(&view, &mut env) {
+                        let r = worker.on_request_headers(id, &view, true, &mut lent);
+                        if r.action == Action::Continue {
                             forwarded += 1;
                         }
                     }
@@ -480,8 +485,23 @@ fn race(
     }
 }
 
-fn governor(json: &str) -> Governor {
-    Governor::new(config::parse(json.as_bytes()).unwrap())
+fn governor(json: &str) -> Arc<Governor> {
+    Arc::new(Governor::new(config::parse(json.as_bytes()).unwrap()))
+}
+
+/// The raced requests have no body, and every response is the upstream's.
+struct NoBuffers;
+
+impl StreamIo for NoBuffers {
+    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn answered_by_upstream(&mut self, _: u32) -> bool {
+        true
+    }
 }
 
 /// Store operations in any order: mostly random, sometimes one worker starved for long runs.

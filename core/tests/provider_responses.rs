@@ -243,7 +243,7 @@ fn every_provider_response_is_classified_and_timed() {
 fn jitter_is_added_on_top_never_below() {
     for (u, expected) in [(0.0, 2000), (0.5, 2200), (0.999_999, 2399)] {
         let mut host = Host::new(POOLS);
-        host.rng.0 = u;
+        host.rng.set(u);
         let flow = host.forward("/v1/chat/completions", &[]);
         let g = host.respond(&flow, 429, &[("retry-after", "2")], OPENAI_RATE_LIMIT);
         let g = g.unwrap_or_else(|| panic!("not governed"));
@@ -254,7 +254,7 @@ fn jitter_is_added_on_top_never_below() {
 #[test]
 fn cap_shortens_what_clients_are_told() {
     let mut host = Host::new(r#"{"retry_after": {"max_ms": 5000}}"#);
-    host.rng.0 = 0.9;
+    host.rng.set(0.9);
     let flow = host.forward("/v1/chat/completions", &[]);
     let g = host.respond(&flow, 429, &[("retry-after", "30")], OPENAI_RATE_LIMIT);
     assert_eq!(g.map(|g| g.delay_ms), Some(5000));
@@ -276,7 +276,7 @@ fn backoff_starts_at_default_ms_and_doubles_with_each_consecutive_hintless_rate_
         (0.0, [1; 8]),
     ] {
         let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000, "max_ms": 60000}}"#);
-        host.rng.0 = u;
+        host.rng.set(u);
         let mut told = Vec::new();
         for _ in 0..8 {
             let flow = host.forward("/v1/chat/completions", &[("authorization", "Bearer k")]);

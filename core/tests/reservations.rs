@@ -5,11 +5,11 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::Decision;
 use common::{header, Host};
 use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::estimate;
 use llm_governor_core::keys;
-use llm_governor_core::policy::RequestDecision;
 use llm_governor_core::store::SharedStore;
 
 const PATH: &str = "/v1/chat/completions";
@@ -84,7 +84,7 @@ fn a_reservation_that_does_not_fit_waits_for_the_refill_it_needs() {
     }
     let left = 3000 - n * reserved;
     match host.request_with_body(PATH, &[], &body) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(r.status, 429);
             assert_eq!(header(&r.headers, "x-should-retry"), "true");
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit");
@@ -94,12 +94,12 @@ fn a_reservation_that_does_not_fit_waits_for_the_refill_it_needs() {
             host.advance(wait_ms - 1);
             assert!(matches!(
                 host.request_with_body(PATH, &[], &body),
-                RequestDecision::Reply(..)
+                Decision::Reply(..)
             ));
             host.advance(1);
             host.forward_with_body(PATH, &[], &body);
         }
-        RequestDecision::Forward(_) => panic!("admitted past the budget"),
+        Decision::Forward(_) => panic!("admitted past the budget"),
     }
 }
 
@@ -148,19 +148,19 @@ fn a_request_larger_than_the_bucket_is_refused_for_good() {
     // 2,000 words of input plus 2,000 of output cannot fit a bucket of 3,000.
     let body = chat(2000, Some("2000"));
     match host.request_with_body(PATH, &[], &body) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(r.status, 429);
             assert_eq!(header(&r.headers, "x-should-retry"), "false");
             let text = String::from_utf8(r.body).unwrap();
             assert!(text.contains("can never be admitted"), "{text}");
             assert!(text.contains("holds at most 3000"), "{text}");
         }
-        RequestDecision::Forward(_) => panic!("a request larger than the bucket went"),
+        Decision::Forward(_) => panic!("a request larger than the bucket went"),
     }
     // Nothing was taken, and the hold state machine does not hold it either.
     host.forward_with_body(PATH, &[], &chat(10, Some("10")));
     let step = host.arrive_with_body(7, PATH, &[], &body);
-    assert!(matches!(step, llm_governor_core::hold::Step::Reply(..)));
+    assert!(matches!(step, common::Step::Reply(..)));
 }
 
 #[test]
@@ -215,13 +215,13 @@ fn bad_bodies_are_estimated_safely_never_refused_for_our_parser() {
         );
         let decision = host.request_with_body(PATH, &[], &body);
         match decision {
-            RequestDecision::Forward(f) => {
+            Decision::Forward(f) => {
                 // An OpenAI path: counted as OpenAI's limiter does (settle auto).
                 assert_eq!(f.charges[0].2, est.by_characters(1024), "{name}")
             }
             // Only the huge output limit may not fit: it is capped at MAX_OUTPUT, which no
             // bucket of 200,000 holds, so it is refused as too large, not as unparseable.
-            RequestDecision::Reply(_, r) => {
+            Decision::Reply(r) => {
                 assert_eq!(name, "huge max_tokens");
                 assert_eq!(header(&r.headers, "x-should-retry"), "false");
             }
@@ -295,7 +295,7 @@ fn model_keys_give_each_model_its_own_bucket_within_max_keys() {
     // (tenant, model): t1 spent its one request on each model; t2 has its own.
     assert!(matches!(
         host.request_with_body(PATH, &t1, &body("gpt-4o")),
-        RequestDecision::Reply(..)
+        Decision::Reply(..)
     ));
     host.forward_with_body(PATH, &[("x-tenant", "t2")], &body("gpt-4o"));
     // Azure names the deployment in its path, Gemini the model: the path wins.
@@ -385,12 +385,12 @@ fn a_provider_reporting_its_tokens_empty_cools_for_one_reservation_not_its_full_
         "",
     );
     match host.request_with_body(PATH, &[], &body) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
             // A request like it fits once reserved × 60 s / 20,000 has refilled.
             let want = 60_000 * reserved / 20_000;
             assert_eq!(header(&r.headers, "retry-after-ms"), want.to_string());
         }
-        RequestDecision::Forward(_) => panic!("the provider said it had no tokens left"),
+        Decision::Forward(_) => panic!("the provider said it had no tokens left"),
     }
 }

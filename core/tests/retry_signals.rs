@@ -5,7 +5,7 @@
 mod common;
 
 use common::Host;
-use llm_governor_core::hold::Step;
+use common::Step;
 use llm_governor_core::metrics::Counter;
 
 const PATH: &str = "/v1/chat/completions";

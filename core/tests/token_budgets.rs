@@ -4,8 +4,8 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::Decision;
 use common::{header, Host};
-use llm_governor_core::policy::RequestDecision;
 use llm_governor_core::usage::UsageScanner;
 
 const OPENAI_JSON: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1200,"completion_tokens":300,"total_tokens":1500,"prompt_tokens_details":{"cached_tokens":1024}}}"#;
@@ -62,19 +62,10 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
     let mut flow = host.forward("/v1/chat/completions", &t);
     assert_eq!(flow.charges.len(), 1);
     // Usage above the bucket: the tenant goes into debt...
-    host.governor.on_usage(
-        &mut flow,
-        1500,
-        &mut llm_governor_core::policy::Env {
-            store: &host.store,
-            metrics: &mut host.metrics,
-            rng: &mut host.rng,
-            clock: llm_governor_core::policy::Clock::At(host.now_ms),
-        },
-    );
+    host.with_env(|g, env| g.on_usage(&mut flow, 1500, env));
     // ...and is refused until 501 tokens have refilled at 100 per second.
     match host.request("/v1/chat/completions", &t) {
-        RequestDecision::Reply(_, r) => {
+        Decision::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "limit");
             assert_eq!(header(&r.headers, "retry-after-ms"), "5010");
             assert_eq!(
@@ -82,7 +73,7 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
                 "\"tenant-tpm\";q=6000;w=60"
             );
         }
-        RequestDecision::Forward(_) => panic!("admitted while in debt"),
+        Decision::Forward(_) => panic!("admitted while in debt"),
     }
     // Another tenant is unaffected.
     host.forward("/v1/chat/completions", &[("x-tenant-id", "t2")]);

@@ -168,7 +168,7 @@ pub fn remove_header(kind: MapType, name: &str) -> HostResult<()> {
 }
 
 pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
-    let map = serialize_map(headers);
+    let map = WireHeaders::encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
     let details = "llm_governor";
     check(unsafe {
         proxy_send_local_response(
@@ -251,20 +251,4 @@ pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
     // Segments are NUL-separated, with no NUL after the last: Envoy would keep it in the key.
     let p = path.join("\0");
     check(unsafe { proxy_set_property(p.as_ptr(), p.len(), value.as_ptr(), value.len()) })
-}
-
-fn serialize_map(pairs: &[(&str, String)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-    for (k, v) in pairs {
-        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-    }
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(0);
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
 }

@@ -3,7 +3,6 @@
 use super::abi;
 use llm_governor_core::config::Config;
 use llm_governor_core::metrics::{self, Counter, Gauge, Histogram, Metrics};
-use llm_governor_core::retry_after::Random;
 use llm_governor_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
 
@@ -28,8 +27,6 @@ impl SharedStore for HostStore {
 struct PoolMetrics {
     counters: Vec<Option<u32>>,
     gauges: Vec<Option<u32>>,
-    /// The value this worker last wrote to each gauge.
-    written: Vec<Option<u64>>,
     histograms: Vec<Option<u32>>,
 }
 
@@ -58,7 +55,6 @@ impl HostMetrics {
                     .iter()
                     .map(|g| define(MetricType::Gauge, &p.name, g.name()))
                     .collect(),
-                written: vec![None; Gauge::ALL.len()],
                 histograms: Histogram::ALL
                     .iter()
                     .map(|h| define(MetricType::Histogram, &p.name, h.name()))
@@ -76,23 +72,10 @@ impl Metrics for HostMetrics {
         }
     }
 
-    /// Skips rewriting the value this worker wrote last: most provider headers (limits, often
-    /// remaining and reset too) repeat from one response to the next, and each write is a
-    /// hostcall. Another worker may have written a different value in between; the gauge then
-    /// shows that one until this worker sees a new value, which is within last-writer-wins.
+    /// (The core's `GaugeCache` skips writes that repeat this worker's last value.)
     fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        let Some(p) = self.pools.get_mut(pool) else {
-            return;
-        };
-        let (Some(Some(id)), Some(last)) = (p.gauges.get(g.index()), p.written.get_mut(g.index()))
-        else {
-            return;
-        };
-        if *last == Some(value) {
-            return;
-        }
-        if abi::record_metric(*id, value).is_ok() {
-            *last = Some(value);
+        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.gauges.get(g.index())) {
+            let _ = abi::record_metric(*id, value);
         }
     }
 
@@ -115,33 +98,16 @@ impl Metrics for HostMetrics {
     }
 }
 
-/// xorshift64*, seeded from the host's entropy (getrandom → WASI `random_get`). Jitter needs
-/// spread, not secrecy; one seed per VM keeps hostcalls off the hot path.
-pub struct HostRandom(u64);
-
-impl HostRandom {
-    pub fn seeded() -> HostRandom {
-        let mut seed = [0u8; 8];
-        let s = match getrandom::fill(&mut seed) {
-            Ok(()) => u64::from_le_bytes(seed),
-            Err(e) => {
-                log::warn!("llm_governor: getrandom failed ({e}); seeding jitter from the clock");
-                abi::now_ms().wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            }
-        };
-        HostRandom(s | 1)
-    }
-}
-
-impl Random for HostRandom {
-    fn unit(&mut self) -> f64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        (r >> 11) as f64 / (1u64 << 53) as f64
+/// A seed for the worker's randomness from the host's entropy (getrandom → WASI
+/// `random_get`), or from the clock if that fails.
+pub fn seed() -> u64 {
+    let mut seed = [0u8; 8];
+    match getrandom::fill(&mut seed) {
+        Ok(()) => u64::from_le_bytes(seed),
+        Err(e) => {
+            log::warn!("llm_governor: getrandom failed ({e}); seeding jitter from the clock");
+            abi::now_ms().wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        }
     }
 }
 

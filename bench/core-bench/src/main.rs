@@ -1,48 +1,34 @@
-//! `core-bench hotpath <config.json> <iterations>`: the per-request work of the pure core as the
-//! host drives it (request headers → on_request → response headers → on_response_headers),
-//! against the in-memory store, with header lists rebuilt per request as the host layer does.
+//! `core-bench hotpath <config.json> <iterations>`: the per-request work of the pure core as a
+//! host drives it (one `Worker`: request headers and body, response headers and body, the
+//! stream's end), against the in-memory store, with header lists rebuilt per request as the
+//! host layer does.
 //! `core-bench contention <threads> <keys> <updates-per-thread>`: threads doing the filter's
 //! bucket CAS update against one mutex-guarded map (Envoy's shared-data semantics); prints CAS
 //! retries per update. Both print one JSON line.
 
 use llm_governor_core::config;
-use llm_governor_core::deadline;
 use llm_governor_core::headers::{Headers, WireHeaders};
-use llm_governor_core::hold::{Holds, Step};
 use llm_governor_core::metrics::{Counter, Gauge, Histogram, Metrics};
-use llm_governor_core::policy::{Clock, Env, Flow, Governor, RequestView};
-use llm_governor_core::retry_after::Random;
+use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
+use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
 use std::cell::Cell;
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Instant;
 
-/// Counts the metric hostcalls the host would make: every counter, `add` and histogram, and a
-/// gauge only when its value differs from the one this worker wrote last (the host skips those).
+/// Counts the metric hostcalls the host makes: every call that reaches the sink (the worker's
+/// gauge cache in front of it skips gauge writes that repeat this worker's last value).
 #[derive(Default)]
 struct CountingMetrics {
     calls: u64,
-    /// (pool, gauge) -> last value, as the host keeps it per pool (a small vector, not a hash
-    /// map, so the count costs little next to what it measures).
-    written: Vec<((usize, usize), u64)>,
 }
 impl Metrics for CountingMetrics {
     fn count(&mut self, _: usize, _: Counter) {
         self.calls += 1;
     }
-    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        let key = (pool, g.index());
-        match self.written.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, last)) if *last == value => {}
-            Some((_, last)) => {
-                *last = value;
-                self.calls += 1;
-            }
-            None => {
-                self.written.push((key, value));
-                self.calls += 1;
-            }
-        }
+    fn gauge(&mut self, _: usize, _: Gauge, _: u64) {
+        self.calls += 1;
     }
     fn add(&mut self, _: usize, _: Gauge, _: i64) {
         self.calls += 1;
@@ -110,11 +96,17 @@ impl Calls {
     }
 }
 
-struct Rng(u64);
-impl Random for Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+/// The bench's bodies are never read: a plain request and response of fixed sizes.
+struct NoBuffers;
+impl StreamIo for NoBuffers {
+    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn answered_by_upstream(&mut self, _: u32) -> bool {
+        true
     }
 }
 
@@ -126,11 +118,9 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             std::process::exit(2);
         }
     };
-    let gov = Governor::new(cfg);
-    let mut holds = Holds::new();
+    let mut worker = Worker::new(Arc::new(Governor::new(cfg)), 1);
     let store = CountingStore::default();
     let mut metrics = CountingMetrics::default();
-    let mut rng = Rng(1);
     let resp = [
         (":status", "200"),
         ("content-type", "application/json"),
@@ -184,13 +174,18 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             now_ms
         };
         let before = Calls::now(&store, &metrics, &clock);
-        let go = request_path(&gov, &mut holds, &req_wires[(i % 1000) as usize], i, &read, &store, &mut metrics, &mut rng);
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBuffers };
+        let id = i as u32;
+        let go = request_path(&mut worker, id, &req_wires[(i % 1000) as usize], &mut lent);
         let middle = Calls::now(&store, &metrics, &clock);
         req_calls.add(middle.since(before));
-        if let Some(mut flow) = go {
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBuffers };
+        if go {
             forwarded += 1;
-            response_path(&gov, &mut flow, &resp_wire, &read, &store, &mut metrics, &mut rng);
+            response_path(&mut worker, id, &resp_wire, &mut lent);
             resp_calls.add(Calls::now(&store, &metrics, &clock).since(middle));
+        } else {
+            worker.on_end(id, &mut lent);
         }
     }
     let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
@@ -201,52 +196,30 @@ fn hotpath(cfg_json: &str, iterations: u64) {
     );
 }
 
-/// The request path as the host drives it: the request header map read in place, the flow,
-/// the hold budget from the deadline headers, then the hold state machine (which admits at
-/// once when nothing blocks). Not inlined, so callgrind reports it as one function.
+/// The request path as the host drives it: the request header map read in place, then the
+/// worker's request headers and body callbacks. Not inlined, so callgrind reports it as one
+/// function.
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn request_path(
-    gov: &Governor,
-    holds: &mut Holds,
-    wire: &[u8],
-    i: u64,
-    now: &dyn Fn() -> u64,
-    store: &CountingStore,
-    metrics: &mut CountingMetrics,
-    rng: &mut Rng,
-) -> Option<Flow> {
+fn request_path(worker: &mut Worker, id: u32, wire: &[u8], lent: &mut Lent) -> bool {
     let req = WireHeaders::parse(wire.to_vec()).unwrap_or_default();
     let view = RequestView {
         path: Headers::wire(&req).get(":path").unwrap_or(b""),
         authority: Headers::wire(&req).get(":authority").unwrap_or(b""),
         headers: Headers::wire(&req),
     };
-    let mut env = Env { store, metrics, rng, clock: Clock::lazy(now) };
-    let flow = gov.flow_for(&view);
-    let budget = deadline::hold_budget_ms(&gov.cfg.hold, &view.headers);
-    match holds.request(gov, flow, budget, i as u32, &mut env) {
-        Step::Go(flow) => Some(flow),
-        _ => None,
-    }
+    let r = worker.on_request_headers(id, &view, false, lent);
+    r.action == Action::Continue
+        && black_box(worker.on_request_body(id, 68, true, lent)).action == Action::Continue
 }
 
-/// The response path: response headers read in place, classified and counted, then the
-/// stream's end (slots given back, gauges moved).
+/// The response path: response headers read in place, classified and counted, the body, then
+/// the stream's end (slots given back, gauges moved).
 #[inline(never)]
-fn response_path(
-    gov: &Governor,
-    flow: &mut Flow,
-    wire: &[u8],
-    now: &dyn Fn() -> u64,
-    store: &CountingStore,
-    metrics: &mut CountingMetrics,
-    rng: &mut Rng,
-) {
-    let mut env = Env { store, metrics, rng, clock: Clock::lazy(now) };
+fn response_path(worker: &mut Worker, id: u32, wire: &[u8], lent: &mut Lent) {
     let pairs = WireHeaders::parse(wire.to_vec()).unwrap_or_default();
-    black_box(gov.on_response_headers(flow, 200, &Headers::wire(&pairs), false, true, &mut env));
-    gov.on_stream_end(flow, None, &mut env);
+    black_box(worker.on_response_headers(id, &Headers::wire(&pairs), false, lent));
+    black_box(worker.on_response_body(id, 360, true, lent));
+    worker.on_end(id, lent);
 }
 
 fn contention(threads: usize, keys: usize, per_thread: u64) {

@@ -1,38 +1,104 @@
 //! A builder-style fake host for the pure core: in-memory shared data with Envoy's semantics,
-//! recorded metrics, fixed randomness and a clock the test drives.
+//! recorded metrics, fixed randomness, a clock the test drives, and stream buffers the test
+//! fills. Requests go through the `Worker`, the entry points every host calls.
 #![allow(dead_code)]
 
 use llm_governor_core::config;
-use llm_governor_core::deadline;
 use llm_governor_core::headers::{owned, Headers};
-use llm_governor_core::hold::{Holds, Release, Step};
+use llm_governor_core::lease::Leases;
 use llm_governor_core::metrics::Recorded;
-use llm_governor_core::policy::{
-    Clock, Env, Flow, Governed, Governor, RequestDecision, RequestView, ResponseStep,
-};
+use llm_governor_core::policy::{Clock, Env, Flow, Governed, Governor, RequestView, ResponseStep};
+use llm_governor_core::reply::LocalReply;
 use llm_governor_core::retry_after::Random;
 use llm_governor_core::store::MemStore;
+use llm_governor_core::worker::{Action, Effect, Lent, Reaction, Stage, StreamIo, Worker};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// Always returns the same value in [0, 1).
-pub struct FixedRng(pub f64);
+/// Always returns the same value in [0, 1); clones share it, so a test can change what the
+/// worker draws (`host.rng.set(0.5)`).
+#[derive(Clone, Default)]
+pub struct FixedRng(Arc<AtomicU64>);
 
-impl Random for FixedRng {
-    fn unit(&mut self) -> f64 {
-        self.0
+impl FixedRng {
+    pub fn new(u: f64) -> FixedRng {
+        FixedRng(Arc::new(AtomicU64::new(u.to_bits())))
+    }
+
+    pub fn set(&self, u: f64) {
+        self.0.store(u.to_bits(), Ordering::Relaxed);
     }
 }
 
+impl Random for FixedRng {
+    fn unit(&mut self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// The streams' buffers as the test filled them, and which responses Envoy made itself.
+#[derive(Default)]
+pub struct FakeIo {
+    pub request_bodies: HashMap<u32, Vec<u8>>,
+    pub response_bodies: HashMap<u32, Vec<u8>>,
+    pub from_envoy: HashSet<u32>,
+}
+
+impl StreamIo for FakeIo {
+    fn request_body(&mut self, id: u32, max: usize) -> Vec<u8> {
+        let b = self.request_bodies.get(&id).map_or(&[][..], |b| b);
+        b[..b.len().min(max)].to_vec()
+    }
+
+    fn response_body(&mut self, id: u32, max: usize) -> Vec<u8> {
+        let b = self.response_bodies.get(&id).map_or(&[][..], |b| b);
+        b[..b.len().min(max)].to_vec()
+    }
+
+    fn answered_by_upstream(&mut self, id: u32) -> bool {
+        !self.from_envoy.contains(&id)
+    }
+}
+
+/// What became of a request the test sent (or a tick let go).
+#[derive(Debug)]
+pub enum Step {
+    /// It went upstream, with this flow (a copy: the worker keeps the stream's own).
+    Go(Flow),
+    /// It is held.
+    Held,
+    /// It was answered locally.
+    Reply(LocalReply),
+}
+
+/// What `Host::request` decided for a request that may not be held.
+#[derive(Debug)]
+pub enum Decision {
+    Forward(Flow),
+    Reply(LocalReply),
+}
+
 pub struct Host {
-    pub governor: Governor,
-    /// One worker's held requests.
-    pub holds: Holds,
+    pub worker: Worker,
     pub store: MemStore,
     pub metrics: Recorded,
+    /// What the worker draws; `set` changes it.
     pub rng: FixedRng,
+    pub io: FakeIo,
     pub now_ms: u64,
+    /// How often the worker read the clock.
+    pub clock_reads: Cell<u32>,
+    /// Leases for calls that go to the governor directly (`with_env`): another worker's.
+    pub leases: Leases,
+    next_id: u32,
 }
 
 pub const T0: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
+
+/// Streams the test numbers itself use ids below this; `request` and `forward` count from it.
+const AUTO_IDS: u32 = 1_000_000;
 
 impl Host {
     pub fn new(config_json: &str) -> Host {
@@ -40,42 +106,83 @@ impl Host {
             Ok(c) => c,
             Err(e) => panic!("test config rejected: {e}"),
         };
+        let rng = FixedRng::new(0.0);
         Host {
-            governor: Governor::new(cfg),
-            holds: Holds::new(),
+            worker: Worker::with_random(Arc::new(Governor::new(cfg)), Box::new(rng.clone())),
             store: MemStore::new(),
             metrics: Recorded::default(),
-            rng: FixedRng(0.0),
+            rng,
+            io: FakeIo::default(),
             now_ms: T0,
+            clock_reads: Cell::new(0),
+            leases: Leases::default(),
+            next_id: AUTO_IDS,
         }
     }
 
-    pub fn request(&mut self, path: &str, headers: &[(&str, &str)]) -> RequestDecision {
-        self.decide(path, headers, None)
+    pub fn governor(&self) -> &Governor {
+        self.worker.governor()
     }
 
-    /// A request whose body the host read before admission (a limit reserves tokens).
+    /// Call the worker with this host's store, metrics, clock and buffers.
+    pub fn call<T>(&mut self, f: impl FnOnce(&mut Worker, &mut Lent) -> T) -> T {
+        let Host {
+            worker,
+            store,
+            metrics,
+            io,
+            now_ms,
+            clock_reads,
+            ..
+        } = self;
+        let now = *now_ms;
+        let clock = || {
+            clock_reads.set(clock_reads.get() + 1);
+            now
+        };
+        let mut lent = Lent {
+            store,
+            metrics,
+            clock: &clock,
+            io,
+        };
+        f(worker, &mut lent)
+    }
+
+    fn next_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// A request through the worker from a client whose deadline leaves no time to hold it
+    /// (`x-envoy-expected-rq-timeout-ms: 0`): forwarded or answered at once.
+    pub fn request(&mut self, path: &str, headers: &[(&str, &str)]) -> Decision {
+        self.request_as(path, headers, None)
+    }
+
+    /// `request` with a body that is read before admission when a limit needs it.
     pub fn request_with_body(
         &mut self,
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> RequestDecision {
-        self.decide(path, headers, Some(body))
+    ) -> Decision {
+        self.request_as(path, headers, Some(body))
     }
 
-    fn decide(
+    fn request_as(
         &mut self,
         path: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
-    ) -> RequestDecision {
-        let hs = owned(headers);
-        let view = view(path, &hs);
-        let (governor, _, mut env) = self.parts();
-        match body {
-            Some(b) => governor.on_request_with_body(&view, b, b.len(), &mut env),
-            None => governor.on_request(&view, &mut env),
+    ) -> Decision {
+        let mut hs = headers.to_vec();
+        hs.push(("x-envoy-expected-rq-timeout-ms", "0"));
+        let id = self.next_id();
+        match self.send(id, path, &hs, body) {
+            Step::Go(flow) => Decision::Forward(flow),
+            Step::Reply(r) => Decision::Reply(r),
+            Step::Held => panic!("a request with no time to hold was held"),
         }
     }
 
@@ -84,15 +191,89 @@ impl Host {
         forwarded(self.request_with_body(path, headers, body))
     }
 
-    /// The stream of `flow` ended with the provider reporting `usage` tokens.
-    pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
-        let (governor, _, mut env) = self.parts();
-        governor.on_stream_end(flow, Some(usage), &mut env);
-    }
-
     /// Send a request; panics unless it is forwarded.
     pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Flow {
         forwarded(self.request(path, headers))
+    }
+
+    /// A request as Envoy hands it to the worker, as stream `id`; held when it must wait.
+    pub fn arrive(&mut self, id: u32, path: &str, headers: &[(&str, &str)]) -> Step {
+        self.send(id, path, headers, None)
+    }
+
+    /// `arrive` with a body (read before admission when a limit needs it).
+    pub fn arrive_with_body(
+        &mut self,
+        id: u32,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Step {
+        self.send(id, path, headers, Some(body))
+    }
+
+    /// Request headers, then (if any) the whole body in one callback: what became of it.
+    fn send(&mut self, id: u32, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Step {
+        let hs = owned(headers);
+        let v = view(path, &hs);
+        let eos = body.is_none();
+        let mut r = self.call(|w, lent| w.on_request_headers(id, &v, eos, lent));
+        if let Some(b) = body {
+            self.io.request_bodies.insert(id, b.to_vec());
+            if r.action == Action::Pause && self.worker.stage(id) != Stage::Held {
+                let n = b.len();
+                r = self.call(|w, lent| w.on_request_body(id, n, true, lent));
+            }
+        }
+        self.step(id, r)
+    }
+
+    /// What a reaction did to stream `id`.
+    fn step(&self, id: u32, r: Reaction) -> Step {
+        for e in &r.effects {
+            if let Effect::SendReply(reply) = e {
+                return Step::Reply(reply.clone());
+            }
+        }
+        let resumed = r.effects.contains(&Effect::ResumeRequest);
+        if r.action == Action::Continue || resumed {
+            return match self.worker.flow(id) {
+                Some(f) => Step::Go(f.clone()),
+                None => panic!("stream {id} went on with no flow: {r:?}"),
+            };
+        }
+        match self.worker.stage(id) {
+            Stage::Held => Step::Held,
+            other => panic!("stream {id} paused in {other:?}: {r:?}"),
+        }
+    }
+
+    /// The worker's tick at the current time: what became of each stream it let go.
+    pub fn tick(&mut self) -> Vec<(u32, Step)> {
+        let out = self.call(|w, lent| w.tick(lent));
+        out.into_iter()
+            .map(|(id, r)| (id, self.step(id, r)))
+            .collect()
+    }
+
+    /// The worker's tick, as reactions.
+    pub fn tick_reactions(&mut self) -> Vec<(u32, Reaction)> {
+        self.call(|w, lent| w.tick(lent))
+    }
+
+    /// A held client went away: its stream ended.
+    pub fn leave(&mut self, id: u32) {
+        self.call(|w, lent| w.on_end(id, lent));
+    }
+
+    /// The stream `id` ended (however it ended).
+    pub fn end_stream(&mut self, id: u32) {
+        self.call(|w, lent| w.on_end(id, lent));
+    }
+
+    /// The stream of `flow` ended with the provider reporting `usage` tokens.
+    pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
+        self.with_env(|g, env| g.on_stream_end(flow, Some(usage), env));
     }
 
     /// A complete response: headers, then (if held) the body. Returns what the client sees.
@@ -107,58 +288,6 @@ impl Host {
         self.answer(&mut flow.clone(), status, headers, body)
     }
 
-    /// A request as the host hands it to the hold state machine, with stream id `id`.
-    pub fn arrive(&mut self, id: u32, path: &str, headers: &[(&str, &str)]) -> Step {
-        self.arrive_as(id, path, headers, None)
-    }
-
-    /// `arrive` for a request whose body was read before admission.
-    pub fn arrive_with_body(
-        &mut self,
-        id: u32,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Step {
-        self.arrive_as(id, path, headers, Some(body))
-    }
-
-    fn arrive_as(
-        &mut self,
-        id: u32,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<&[u8]>,
-    ) -> Step {
-        let hs = owned(headers);
-        let view = view(path, &hs);
-        let (governor, holds, mut env) = self.parts();
-        let mut flow = governor.flow_for(&view);
-        if let Some(b) = body {
-            governor.on_request_body(&mut flow, b, b.len());
-        }
-        let budget = deadline::hold_budget_ms(&governor.cfg.hold, &view.headers);
-        holds.request(governor, flow, budget, id, &mut env)
-    }
-
-    /// Call the governor directly with this host's environment.
-    pub fn with_env<T>(&mut self, f: impl FnOnce(&Governor, &mut Env) -> T) -> T {
-        let (governor, _, mut env) = self.parts();
-        f(governor, &mut env)
-    }
-
-    /// The worker's tick at the current time.
-    pub fn tick(&mut self) -> Vec<Release> {
-        let (governor, holds, mut env) = self.parts();
-        holds.tick(governor, &mut env)
-    }
-
-    /// A held client went away.
-    pub fn leave(&mut self, id: u32) -> Option<Flow> {
-        let (_, holds, mut env) = self.parts();
-        holds.forget(id, &mut env)
-    }
-
     /// A response to a flow the test keeps (its pace and slot bookkeeping move with it).
     pub fn answer(
         &mut self,
@@ -168,59 +297,82 @@ impl Host {
         body: &str,
     ) -> Option<Governed> {
         let hs = owned(headers);
-        let (governor, _, mut env) = self.parts();
-        match governor.on_response_headers(
-            flow,
-            status,
-            &Headers::new(&hs),
-            body.is_empty(),
-            true,
-            &mut env,
-        ) {
-            ResponseStep::Pass => None,
-            ResponseStep::Rewrite(g) => Some(g),
-            ResponseStep::NeedBody => governor.on_response_body(
+        self.with_env(|governor, env| {
+            match governor.on_response_headers(
                 flow,
                 status,
                 &Headers::new(&hs),
-                body.as_bytes(),
-                &mut env,
-            ),
+                body.is_empty(),
+                true,
+                env,
+            ) {
+                ResponseStep::Pass => None,
+                ResponseStep::Rewrite(g) => Some(g),
+                ResponseStep::NeedBody => governor.on_response_body(
+                    flow,
+                    status,
+                    &Headers::new(&hs),
+                    body.as_bytes(),
+                    env,
+                ),
+            }
+        })
+    }
+
+    /// The response to stream `id` as Envoy delivers it to the worker: headers (with
+    /// `:status`), then the body in one callback if there is one. The reactions, in order.
+    pub fn stream_response(
+        &mut self,
+        id: u32,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Vec<Reaction> {
+        let status = status.to_string();
+        let mut all = vec![(":status", status.as_str())];
+        all.extend_from_slice(headers);
+        let hs = owned(&all);
+        let eos = body.is_empty();
+        let mut out =
+            vec![self.call(|w, lent| w.on_response_headers(id, &Headers::new(&hs), eos, lent))];
+        if !eos {
+            self.io.response_bodies.insert(id, body.as_bytes().to_vec());
+            let n = body.len();
+            out.push(self.call(|w, lent| w.on_response_body(id, n, true, lent)));
         }
+        out
     }
 
     /// The stream of `flow` ended (however it ended).
     pub fn end(&mut self, flow: &mut Flow) {
-        let (governor, _, mut env) = self.parts();
-        governor.on_stream_end(flow, None, &mut env);
+        self.with_env(|g, env| g.on_stream_end(flow, None, env));
     }
 
-    /// The governor, this worker's holds, and the host environment at the current time.
-    fn parts(&mut self) -> (&Governor, &mut Holds, Env<'_>) {
+    /// Call the governor directly with this host's environment (and leases of its own).
+    pub fn with_env<T>(&mut self, f: impl FnOnce(&Governor, &mut Env) -> T) -> T {
         let now = self.now_ms;
-        self.parts_with(Clock::At(now))
+        let (g, mut env) = self.parts_with(Clock::At(now));
+        f(g, &mut env)
     }
 
-    /// `parts` with the environment's time from `clock`.
-    pub fn parts_with<'c>(
-        &'c mut self,
-        clock: Clock<'c>,
-    ) -> (&'c Governor, &'c mut Holds, Env<'c>) {
+    /// The governor and an environment with the time from `clock`.
+    pub fn parts_with<'c>(&'c mut self, clock: Clock<'c>) -> (&'c Governor, Env<'c>) {
         let Host {
-            governor,
-            holds,
+            worker,
             store,
             metrics,
             rng,
-            now_ms: _,
+            leases,
+            ..
         } = self;
         let env = Env {
             store,
             metrics,
             rng,
+            leases,
             clock,
         };
-        (governor, holds, env)
+        (worker.governor(), env)
     }
 
     pub fn advance(&mut self, ms: u64) {
@@ -238,10 +390,10 @@ pub fn view<'a>(path: &'a str, hs: &'a [(String, Vec<u8>)]) -> RequestView<'a> {
 }
 
 /// The flow of a forwarded request; panics on a local reply.
-fn forwarded(d: RequestDecision) -> Flow {
+fn forwarded(d: Decision) -> Flow {
     match d {
-        RequestDecision::Forward(f) => f,
-        RequestDecision::Reply(_, r) => panic!("expected forward, got local reply {r:?}"),
+        Decision::Forward(f) => f,
+        Decision::Reply(r) => panic!("expected forward, got local reply {r:?}"),
     }
 }
 
@@ -253,39 +405,30 @@ pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
 }
 
 /// The ids of the requests a tick let go, in order.
-pub fn gone(releases: &[Release]) -> Vec<u32> {
-    releases
-        .iter()
-        .filter_map(|r| match r {
-            Release::Go { id, .. } => Some(*id),
-            Release::Reply { .. } => None,
-        })
+pub fn gone(left: &[(u32, Step)]) -> Vec<u32> {
+    left.iter()
+        .filter_map(|(id, s)| matches!(s, Step::Go(_)).then_some(*id))
         .collect()
 }
 
 /// The ids of the requests a tick answered locally, in order.
-pub fn answered(releases: &[Release]) -> Vec<u32> {
-    releases
-        .iter()
-        .filter_map(|r| match r {
-            Release::Reply { id, .. } => Some(*id),
-            Release::Go { .. } => None,
-        })
+pub fn answered(left: &[(u32, Step)]) -> Vec<u32> {
+    left.iter()
+        .filter_map(|(id, s)| matches!(s, Step::Reply(_)).then_some(*id))
         .collect()
 }
 
 /// The flows a tick let go, by id.
-pub fn flows(releases: Vec<Release>) -> Vec<(u32, Flow)> {
-    releases
-        .into_iter()
-        .filter_map(|r| match r {
-            Release::Go { id, flow } => Some((id, flow)),
-            Release::Reply { .. } => None,
+pub fn flows(left: Vec<(u32, Step)>) -> Vec<(u32, Flow)> {
+    left.into_iter()
+        .filter_map(|(id, s)| match s {
+            Step::Go(f) => Some((id, f)),
+            _ => None,
         })
         .collect()
 }
 
-/// The flow of a request the hold state machine let go at once; panics otherwise.
+/// The flow of a request that went at once; panics otherwise.
 pub fn go(step: Step) -> Flow {
     match step {
         Step::Go(f) => f,

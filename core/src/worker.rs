@@ -1,0 +1,828 @@
+//! One worker's streams, from request headers to the stream's end, sans-IO: the host turns its
+//! callbacks into calls here and applies the `Reaction` each returns (effects, then continue or
+//! pause). What a stream waits for, when the wait is due and what happens then is decided
+//! here, once, for every host; a host only supplies the mechanism of waking (`tick` when
+//! `next_due_ms` says, however it keeps time).
+//!
+//! A stream's state (`Stream`) lives in the worker's map from its first callback until its end;
+//! a stream that is not in the map is done (answered locally, or never governed).
+
+use crate::classify;
+use crate::deadline;
+use crate::env::{Clock, Env};
+use crate::estimate;
+use crate::headers::{Headers, WireHeaders};
+use crate::hold::{Holds, Outcome};
+use crate::lease::Leases;
+use crate::metrics::{Counter, GaugeCache, Metrics};
+use crate::policy::{Flow, Governor, RequestView, ResponseStep};
+use crate::reply::{self, LocalReply, HELD_MS_HEADER, STEERING_HEADER};
+use crate::retry_after::{Random, Xorshift};
+use crate::store::SharedStore;
+use crate::usage::UsageScanner;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+/// Error bodies are small; past this much, classify from what arrived.
+pub const MAX_ERROR_BODY: usize = 16 * 1024;
+/// How long a paused response waits for its error body before it is classified without one.
+/// The first chunk of a request body read before admission must come as soon.
+pub const BODY_WAIT_MS: u64 = 1000;
+/// How long a local answer waits for the end of the request body before it is sent anyway (a
+/// slow upload then gets its answer early, on a connection Envoy closes); and how long a
+/// request whose body is read before admission waits for the rest once some arrived, before
+/// it is estimated from what came.
+pub const REQUEST_BODY_WAIT_MS: u64 = 10_000;
+/// After a body never came, how long to stop pausing for bodies (Envoy is evidently configured
+/// without `allow_on_headers_stop_iteration`), before trying again.
+pub const HEADERS_ONLY_FOR_MS: u64 = 60_000;
+
+/// What the host lends a call: its shared store, its stats sink, its clock (read only if the
+/// answer needs the time, once per call) and access to the streams' buffers.
+pub struct Lent<'a> {
+    pub store: &'a dyn SharedStore,
+    pub metrics: &'a mut dyn Metrics,
+    pub clock: &'a dyn Fn() -> u64,
+    pub io: &'a mut dyn StreamIo,
+}
+
+/// Reading what Envoy buffers for a stream (the current one, or in a tick any paused one).
+pub trait StreamIo {
+    /// Up to `max` bytes of the request body buffered for stream `id` (empty if none).
+    fn request_body(&mut self, id: u32, max: usize) -> Vec<u8>;
+    /// Up to `max` bytes of the response body buffered for stream `id` (empty if none).
+    fn response_body(&mut self, id: u32, max: usize) -> Vec<u8>;
+    /// Whether stream `id`'s response came from the upstream rather than from Envoy itself
+    /// (a reset, a timeout, no healthy host). When unknown: true.
+    fn answered_by_upstream(&mut self, id: u32) -> bool;
+}
+
+/// What the host does for a stream, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Remove the client-sent steering header (only the policy picks a pool). If that fails,
+    /// tell `Worker::failed` (`Failure::Strip`).
+    StripSteeringHeader,
+    /// Name the pool the request was steered to in its headers, so the router selects that
+    /// pool's route (before it goes on: a paused request's headers are released on resume).
+    Steer(String),
+    /// Set these response headers.
+    SetResponseHeaders(Vec<(&'static str, String)>),
+    /// Record these access-log fields (filter-state key, value).
+    AccessLog(Vec<(&'static str, String)>),
+    /// Drop the request body buffered so far (`n` bytes): the request will never go upstream,
+    /// and Envoy's buffer limit (which would answer 413) must not be reached by a large prompt.
+    DropRequestBody(usize),
+    /// Answer locally. If that fails, tell `Worker::failed` (`Failure::Reply`).
+    SendReply(LocalReply),
+    /// Let the paused request go on (after a tick). If that fails, tell `Worker::failed`
+    /// (`Failure::Resume`).
+    ResumeRequest,
+    /// Let the paused response go on (after a tick).
+    ResumeResponse,
+}
+
+/// Whether the callback's direction goes on now or stays paused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Pause,
+}
+
+/// What a callback (or a tick, for one stream) asks of the host: the effects, in order, then the
+/// action. A tick's reactions resume streams by effects and always say `Pause`; only
+/// `Worker::failed` may answer a tick's failed reply with `Continue`: resume the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reaction {
+    pub effects: Vec<Effect>,
+    pub action: Action,
+}
+
+impl Reaction {
+    fn new(effects: Vec<Effect>, action: Action) -> Reaction {
+        Reaction { effects, action }
+    }
+
+    fn go_on() -> Reaction {
+        Reaction::new(Vec::new(), Action::Continue)
+    }
+}
+
+/// An effect the host could not apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The client-sent steering header could not be removed.
+    Strip,
+    /// The local answer could not be sent.
+    Reply,
+    /// The paused request could not be resumed (the stream is gone).
+    Resume,
+}
+
+/// Where one stream is: what it waits for, and what it carries to its next callback.
+#[derive(Debug)]
+enum Stream {
+    /// Its body is read before admission (a limit reserves tokens or keys by model).
+    ReadingBody(BodyRead),
+    /// Held in `Holds`; whether its request body has ended.
+    Held { body_ended: bool },
+    /// A local answer waits for the end of the request body: answering before the body is
+    /// read makes Envoy close an HTTP/1.1 connection, and every local 429 would then cost the
+    /// client a new connection (and TLS handshake).
+    ReplyPending { reply: LocalReply, until_ms: u64 },
+    /// It went upstream with this flow; a scanner reads the usage of a success that charges.
+    Upstream {
+        flow: Flow,
+        usage: Option<UsageScanner>,
+    },
+    /// An upstream error response waits for its body to be classified.
+    AwaitingErrorBody {
+        flow: Flow,
+        status: u16,
+        headers: WireHeaders,
+        until_ms: u64,
+    },
+}
+
+impl Stream {
+    /// When its wait is overdue, for the states that wait on time.
+    fn until_ms(&self) -> Option<u64> {
+        match self {
+            Stream::ReadingBody(read) => Some(read.until_ms),
+            Stream::ReplyPending { until_ms, .. } | Stream::AwaitingErrorBody { until_ms, .. } => {
+                Some(*until_ms)
+            }
+            Stream::Held { .. } | Stream::Upstream { .. } => None,
+        }
+    }
+}
+
+/// A request paused for its body: its flow, hold budget and declared length, and whether any
+/// of the body has reached the filter (until then it waits `BODY_WAIT_MS`: without
+/// `allow_on_headers_stop_iteration` Envoy delivers none).
+#[derive(Debug)]
+struct BodyRead {
+    flow: Flow,
+    budget_ms: u64,
+    content_length: usize,
+    until_ms: u64,
+    seen: bool,
+}
+
+/// Whether Envoy delivers body callbacks after a paused headers callback. Assumed until a body
+/// that was waited for never came; then, for `HEADERS_ONLY_FOR_MS`, nothing waits for a body.
+#[derive(Default)]
+struct BodyCapability {
+    headers_only_until: u64,
+    warned: bool,
+}
+
+impl BodyCapability {
+    fn expected(&self, now: impl FnOnce() -> u64) -> bool {
+        self.headers_only_until == 0 || now() >= self.headers_only_until
+    }
+}
+
+/// Context ids are small integers handed out in order: a multiply spreads them.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        let h = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+
+type Streams = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+
+/// One worker's state: its streams, holds, waits' deadlines, leases, randomness and gauge cache.
+/// The `Governor` (configuration) is shared by every worker.
+pub struct Worker {
+    gov: Arc<Governor>,
+    streams: Streams,
+    holds: Holds,
+    /// (until, stream id) of every stream that waits on time.
+    due: BTreeSet<(u64, u32)>,
+    body: BodyCapability,
+    leases: Leases,
+    rng: Box<dyn Random + Send>,
+    gauges: GaugeCache,
+}
+
+/// Where a stream is, as a value a test or a log line can show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    ReadingBody,
+    Held,
+    ReplyPending,
+    Upstream,
+    AwaitingErrorBody,
+    /// Not tracked: answered locally, ended, or never governed.
+    Done,
+}
+
+/// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the
+/// environment over what the host lent (its stats behind the worker's gauge cache).
+macro_rules! borrow_env {
+    ($self:ident, $lent:ident, $clock:expr => $g:ident, $holds:ident, $env:ident) => {
+        let Worker {
+            gov,
+            holds: $holds,
+            leases,
+            rng,
+            gauges,
+            ..
+        } = $self;
+        let $g: &Governor = gov;
+        let mut metrics = gauges.over(&mut *$lent.metrics);
+        #[allow(unused_mut)]
+        let mut $env = Env {
+            store: $lent.store,
+            metrics: &mut metrics,
+            rng: &mut **rng,
+            leases,
+            clock: $clock,
+        };
+    };
+}
+
+impl Worker {
+    /// A worker over `gov`, its randomness seeded with `seed` (the host's entropy).
+    pub fn new(gov: Arc<Governor>, seed: u64) -> Worker {
+        Worker::with_random(gov, Box::new(Xorshift::seeded(seed)))
+    }
+
+    /// A worker that draws its jitter from `rng` (tests fix it).
+    pub fn with_random(gov: Arc<Governor>, rng: Box<dyn Random + Send>) -> Worker {
+        Worker {
+            gov,
+            streams: Streams::default(),
+            holds: Holds::new(),
+            due: BTreeSet::new(),
+            body: BodyCapability::default(),
+            leases: Leases::default(),
+            rng,
+            gauges: GaugeCache::default(),
+        }
+    }
+
+    pub fn governor(&self) -> &Governor {
+        &self.gov
+    }
+
+    /// This worker's leases of request tokens.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// Requests held now on this worker.
+    pub fn held(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// The flow of a stream that went upstream (or whose error body is awaited).
+    pub fn flow(&self, id: u32) -> Option<&Flow> {
+        match self.streams.get(&id)? {
+            Stream::Upstream { flow, .. } | Stream::AwaitingErrorBody { flow, .. } => Some(flow),
+            _ => None,
+        }
+    }
+
+    pub fn stage(&self, id: u32) -> Stage {
+        match self.streams.get(&id) {
+            Some(Stream::ReadingBody(_)) => Stage::ReadingBody,
+            Some(Stream::Held { .. }) => Stage::Held,
+            Some(Stream::ReplyPending { .. }) => Stage::ReplyPending,
+            Some(Stream::Upstream { .. }) => Stage::Upstream,
+            Some(Stream::AwaitingErrorBody { .. }) => Stage::AwaitingErrorBody,
+            None => Stage::Done,
+        }
+    }
+
+    /// Whether `on_response_headers` needs stream `id`'s response headers (it went upstream
+    /// governed): a host may skip reading the map for any other.
+    pub fn reads_response_headers(&self, id: u32) -> bool {
+        matches!(self.streams.get(&id), Some(Stream::Upstream { .. }))
+    }
+
+    /// When `tick` next has something to do; None when nothing waits or is held.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        let wait = self.due.first().map(|(until, _)| *until);
+        match (wait, self.holds.next_due_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Nothing waits and nothing is held: no tick is needed.
+    pub fn is_idle(&self) -> bool {
+        self.due.is_empty() && self.holds.is_empty()
+    }
+
+    /// The request headers arrived (`end_of_stream`: the request has no body).
+    pub fn on_request_headers(
+        &mut self,
+        id: u32,
+        view: &RequestView,
+        end_of_stream: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
+        let mut effects = Vec::new();
+        if view.headers.contains(STEERING_HEADER) {
+            // Nothing reads it (config refuses it as any header the policy reads); removing it
+            // keeps the client from choosing the route, and with it the credential.
+            effects.push(Effect::StripSteeringHeader);
+        }
+        // A request nothing is cooling or limiting by time is decided without the clock.
+        let clock = Clock::lazy(lent.clock);
+        let g = &*self.gov;
+        let flow = g.flow_for(view);
+        let budget_ms = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
+        if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
+            // A limit reserves tokens (or keys by model): admission waits for the body.
+            let content_length = view
+                .headers
+                .get_str("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let read = BodyRead {
+                flow,
+                budget_ms,
+                content_length,
+                until_ms: clock.now() + BODY_WAIT_MS,
+                seen: false,
+            };
+            self.set(id, Stream::ReadingBody(read));
+            return Reaction::new(effects, Action::Pause);
+        }
+        borrow_env!(self, lent, clock => g, holds, env);
+        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
+        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
+        self.take(id, outcome, end_of_stream, 0, false, effects, &clock)
+    }
+
+    /// A part of the request body arrived; `body_size` is what Envoy buffers for the filter.
+    pub fn on_request_body(
+        &mut self,
+        id: u32,
+        body_size: usize,
+        end_of_stream: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
+        match self.streams.get_mut(&id) {
+            Some(Stream::ReadingBody(read)) => {
+                if !read.seen {
+                    // Some of it came: the rest gets the longer wait.
+                    read.seen = true;
+                    let until = (lent.clock)() + REQUEST_BODY_WAIT_MS;
+                    let old = std::mem::replace(&mut read.until_ms, until);
+                    self.due.remove(&(old, id));
+                    self.due.insert((until, id));
+                }
+                if !end_of_stream && body_size < estimate::MAX_BODY {
+                    return Reaction::new(Vec::new(), Action::Pause); // Envoy buffers it
+                }
+                self.admit_read(id, Some(body_size), end_of_stream, lent)
+            }
+            Some(Stream::Held { body_ended }) => {
+                // Envoy buffers the body until the request is let go; continuing here would
+                // release the held headers too.
+                *body_ended |= end_of_stream;
+                Reaction::new(Vec::new(), Action::Pause)
+            }
+            Some(Stream::ReplyPending { .. }) if end_of_stream => self.send_pending(id),
+            Some(Stream::ReplyPending { .. }) => {
+                let drop = (body_size > 0).then_some(Effect::DropRequestBody(body_size));
+                Reaction::new(drop.into_iter().collect(), Action::Pause)
+            }
+            _ => Reaction::go_on(),
+        }
+    }
+
+    /// The request trailers arrived: its body has ended.
+    pub fn on_request_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
+        match self.streams.get_mut(&id) {
+            Some(Stream::ReadingBody(_)) => self.admit_read(id, None, true, lent),
+            Some(Stream::Held { body_ended }) => {
+                *body_ended = true;
+                Reaction::new(Vec::new(), Action::Pause)
+            }
+            Some(Stream::ReplyPending { .. }) => self.send_pending(id),
+            _ => Reaction::go_on(),
+        }
+    }
+
+    /// The response headers arrived.
+    pub fn on_response_headers(
+        &mut self,
+        id: u32,
+        headers: &Headers,
+        end_of_stream: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
+        let Some(Stream::Upstream { flow, usage }) = self.streams.get_mut(&id) else {
+            return Reaction::go_on();
+        };
+        let mut effects = Vec::new();
+        // What the client and the access log learn about a steered or held request.
+        let steered = self
+            .gov
+            .steered_to(flow)
+            .map(|n| (STEERING_HEADER, n.to_string()));
+        let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
+        let told: Vec<(&'static str, String)> = steered.into_iter().chain(held).collect();
+        if !told.is_empty() {
+            set_headers(&mut effects, told);
+        }
+        let status = headers
+            .get_str(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
+        let governed = classify::is_governed_status(status);
+        // An error the provider sent used no tokens: its reservations are given back. Envoy's
+        // own errors (a reset, a timeout) say nothing of what the provider did: kept.
+        let refund = status >= 400 && flow.reserves();
+        let upstream = !(governed || refund) || lent.io.answered_by_upstream(id);
+        // A plain success needs no time (nothing cools, nothing waits): the clock is read only
+        // when the policy asks, once.
+        let mut metrics = self.gauges.over(&mut *lent.metrics);
+        let mut env = Env {
+            store: lent.store,
+            metrics: &mut metrics,
+            rng: &mut *self.rng,
+            leases: &mut self.leases,
+            clock: Clock::lazy(lent.clock),
+        };
+        let g = &*self.gov;
+        if governed && !upstream {
+            // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
+            // provider saying "not now": leave it ungoverned.
+            g.on_envoy_response(flow, &mut env);
+            return Reaction::new(effects, Action::Continue);
+        }
+        if refund && upstream {
+            g.on_upstream_error(flow, &mut env);
+        }
+        let body_available = self.body.expected(|| env.now());
+        let step = g.on_response_headers(
+            flow,
+            status,
+            headers,
+            end_of_stream,
+            body_available,
+            &mut env,
+        );
+        if scan_usage {
+            *usage = Some(UsageScanner::new());
+        }
+        match step {
+            ResponseStep::Rewrite(governed) => {
+                set_headers(&mut effects, governed.headers);
+                Reaction::new(effects, Action::Continue)
+            }
+            ResponseStep::NeedBody => {
+                let until_ms = env.now() + BODY_WAIT_MS;
+                if let Some(Stream::Upstream { flow, .. }) = self.streams.remove(&id) {
+                    let wait = Stream::AwaitingErrorBody {
+                        flow,
+                        status,
+                        headers: headers.to_wire(),
+                        until_ms,
+                    };
+                    self.set(id, wait);
+                }
+                Reaction::new(effects, Action::Pause)
+            }
+            ResponseStep::Pass => Reaction::new(effects, Action::Continue),
+        }
+    }
+
+    /// A part of the response body arrived; `body_size` is what Envoy buffers for the filter.
+    pub fn on_response_body(
+        &mut self,
+        id: u32,
+        body_size: usize,
+        end_of_stream: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
+        match self.streams.get_mut(&id) {
+            Some(Stream::Upstream {
+                usage: Some(scanner),
+                ..
+            }) => {
+                scanner.feed(&lent.io.response_body(id, body_size));
+                Reaction::go_on()
+            }
+            Some(Stream::AwaitingErrorBody { .. })
+                if !end_of_stream && body_size < MAX_ERROR_BODY =>
+            {
+                Reaction::new(Vec::new(), Action::Pause)
+            }
+            Some(Stream::AwaitingErrorBody { .. }) => self.classify_awaited(id, false, lent),
+            _ => Reaction::go_on(),
+        }
+    }
+
+    /// The response trailers arrived.
+    pub fn on_response_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
+        match self.streams.get(&id) {
+            Some(Stream::AwaitingErrorBody { .. }) => self.classify_awaited(id, false, lent),
+            _ => Reaction::go_on(),
+        }
+    }
+
+    /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
+    /// took, charge what the provider reported. A second call does nothing.
+    pub fn on_end(&mut self, id: u32, lent: &mut Lent) {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        if let Some(until) = stream.until_ms() {
+            self.due.remove(&(until, id));
+        }
+        // Most streams owe nothing at their end: the clock is read only for those that do.
+        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+        match stream {
+            Stream::Upstream { mut flow, usage } => {
+                let usage = usage.and_then(|s| s.total());
+                if flow.owes_at_end() || usage.is_some() {
+                    g.on_stream_end(&mut flow, usage, &mut env);
+                }
+            }
+            Stream::AwaitingErrorBody { mut flow, .. } => {
+                if flow.owes_at_end() {
+                    g.on_stream_end(&mut flow, None, &mut env);
+                }
+            }
+            Stream::Held { .. } => {
+                holds.forget(id, &mut env);
+            }
+            Stream::ReadingBody(_) | Stream::ReplyPending { .. } => {}
+        }
+    }
+
+    /// The host could not apply an effect for stream `id`: what to do instead.
+    pub fn failed(&mut self, id: u32, failure: Failure, lent: &mut Lent) -> Reaction {
+        match failure {
+            // Fail open: the request goes on ungoverned rather than hang.
+            Failure::Reply => Reaction::go_on(),
+            // Refuse: whatever it took is given back when the stream ends.
+            Failure::Strip => Reaction::new(
+                vec![Effect::SendReply(reply::reserved_header())],
+                Action::Pause,
+            ),
+            // The stream is gone: give back what it took now.
+            Failure::Resume => {
+                self.on_end(id, lent);
+                Reaction::new(Vec::new(), Action::Pause)
+            }
+        }
+    }
+
+    /// Waits whose deadline passed go on with their own consequence, and held requests whose
+    /// gates opened (or whose wait outgrew their limit) leave. Returns what the host must do
+    /// for each stream, in order.
+    pub fn tick(&mut self, lent: &mut Lent) -> Vec<(u32, Reaction)> {
+        let now = (lent.clock)();
+        let mut out = Vec::new();
+        while let Some(&(until, id)) = self.due.first() {
+            if until > now {
+                break;
+            }
+            self.due.pop_first();
+            let reaction = match self.streams.get(&id) {
+                Some(Stream::AwaitingErrorBody { .. }) => {
+                    let mut r = self.classify_awaited(id, true, lent);
+                    r.effects.push(Effect::ResumeResponse);
+                    r.action = Action::Pause;
+                    r
+                }
+                Some(Stream::ReplyPending { .. }) => self.send_pending(id),
+                Some(Stream::ReadingBody(read)) => {
+                    // The body is slow, or body callbacks never come: admit on what arrived.
+                    if !read.seen {
+                        let pool = read.flow.pool;
+                        self.body_never_came(pool, now, lent);
+                    }
+                    self.admit_read(id, None, false, lent)
+                }
+                _ => continue,
+            };
+            out.push((id, reaction));
+        }
+        if !self.holds.is_empty() {
+            borrow_env!(self, lent, Clock::At(now) => g, holds, env);
+            let left = holds.tick(g, &mut env);
+            for (id, outcome) in left {
+                let body_ended = match self.streams.remove(&id) {
+                    Some(Stream::Held { body_ended }) => body_ended,
+                    _ => false,
+                };
+                let r = self.take(
+                    id,
+                    outcome,
+                    body_ended,
+                    0,
+                    true,
+                    Vec::new(),
+                    &Clock::At(now),
+                );
+                out.push((id, r));
+            }
+        }
+        out
+    }
+
+    /// Put stream `id` in `state`, keeping the waits' deadlines in step.
+    fn set(&mut self, id: u32, state: Stream) {
+        if let Some(until) = state.until_ms() {
+            self.due.insert((until, id));
+        }
+        if let Some(old) = self.streams.insert(id, state) {
+            if let Some(until) = old.until_ms() {
+                self.due.remove(&(until, id));
+            }
+        }
+    }
+
+    /// Take stream `id` out of the map (it is done unless put back).
+    fn take_stream(&mut self, id: u32) -> Option<Stream> {
+        let stream = self.streams.remove(&id)?;
+        if let Some(until) = stream.until_ms() {
+            self.due.remove(&(until, id));
+        }
+        Some(stream)
+    }
+
+    /// Do what admission decided: let it go, hold it, or answer it (once its body has ended,
+    /// so an HTTP/1.1 connection survives the answer). `buffered` is how much of its body
+    /// Envoy holds now; `from_tick`: the request is paused and must be resumed to go.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        id: u32,
+        outcome: Outcome,
+        body_done: bool,
+        buffered: usize,
+        from_tick: bool,
+        mut effects: Vec<Effect>,
+        clock: &Clock,
+    ) -> Reaction {
+        match outcome {
+            Outcome::Go(flow) => {
+                if let Some(name) = self.gov.steered_to(&flow) {
+                    effects.push(Effect::Steer(name.to_string()));
+                }
+                self.set(id, Stream::Upstream { flow, usage: None });
+                if from_tick {
+                    effects.push(Effect::ResumeRequest);
+                    return Reaction::new(effects, Action::Pause);
+                }
+                Reaction::new(effects, Action::Continue)
+            }
+            Outcome::Held => {
+                self.set(
+                    id,
+                    Stream::Held {
+                        body_ended: body_done,
+                    },
+                );
+                Reaction::new(effects, Action::Pause)
+            }
+            Outcome::Reply(_, reply) => {
+                effects.push(Effect::AccessLog(reply::access_log(&reply.headers)));
+                if body_done || !self.body.expected(|| clock.now()) {
+                    self.take_stream(id);
+                    effects.push(Effect::SendReply(reply));
+                } else {
+                    if buffered > 0 {
+                        effects.push(Effect::DropRequestBody(buffered));
+                    }
+                    let until_ms = clock.now() + REQUEST_BODY_WAIT_MS;
+                    self.set(id, Stream::ReplyPending { reply, until_ms });
+                }
+                Reaction::new(effects, Action::Pause)
+            }
+        }
+    }
+
+    /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
+    /// bytes Envoy buffered (`body_size` in all so far, when a body callback said; else what
+    /// the buffer holds), then decide as for any request.
+    fn admit_read(
+        &mut self,
+        id: u32,
+        body_size: Option<usize>,
+        body_done: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
+        let Some(Stream::ReadingBody(read)) = self.take_stream(id) else {
+            return Reaction::go_on();
+        };
+        let bound = body_size
+            .unwrap_or(estimate::MAX_BODY)
+            .min(estimate::MAX_BODY);
+        let prefix = lent.io.request_body(id, bound);
+        let total = body_size.unwrap_or(prefix.len()).max(read.content_length);
+        let BodyRead {
+            mut flow,
+            budget_ms,
+            ..
+        } = read;
+        let from_tick = body_size.is_none() && !body_done;
+        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+        g.on_request_body(&mut flow, &prefix, total);
+        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
+        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
+        self.take(
+            id,
+            outcome,
+            body_done,
+            body_size.unwrap_or(0),
+            from_tick,
+            Vec::new(),
+            &clock,
+        )
+    }
+
+    /// The request body ended (or its wait is over): send the answer that waited for it.
+    fn send_pending(&mut self, id: u32) -> Reaction {
+        match self.take_stream(id) {
+            Some(Stream::ReplyPending { reply, .. }) => {
+                Reaction::new(vec![Effect::SendReply(reply)], Action::Pause)
+            }
+            Some(other) => {
+                self.set(id, other);
+                Reaction::go_on()
+            }
+            None => Reaction::go_on(),
+        }
+    }
+
+    /// Classify an awaited error response from its buffered body (overdue: whatever arrived)
+    /// and let it go upstream's way with its governed headers.
+    fn classify_awaited(&mut self, id: u32, overdue: bool, lent: &mut Lent) -> Reaction {
+        let Some(Stream::AwaitingErrorBody {
+            mut flow,
+            status,
+            headers,
+            ..
+        }) = self.take_stream(id)
+        else {
+            return Reaction::go_on();
+        };
+        let mut body = lent.io.response_body(id, MAX_ERROR_BODY);
+        body.truncate(MAX_ERROR_BODY);
+        let clock = Clock::lazy(lent.clock);
+        if overdue && body.is_empty() {
+            self.body_never_came(flow.pool, clock.now(), lent);
+        }
+        let mut metrics = self.gauges.over(&mut *lent.metrics);
+        let mut env = Env {
+            store: lent.store,
+            metrics: &mut metrics,
+            rng: &mut *self.rng,
+            leases: &mut self.leases,
+            clock,
+        };
+        let governed =
+            self.gov
+                .on_response_body(&mut flow, status, &Headers::wire(&headers), &body, &mut env);
+        self.set(id, Stream::Upstream { flow, usage: None });
+        let mut effects = Vec::new();
+        if let Some(g) = governed {
+            set_headers(&mut effects, g.headers);
+        }
+        Reaction::new(effects, Action::Continue)
+    }
+
+    fn body_never_came(&mut self, pool: usize, now: u64, lent: &mut Lent) {
+        self.body.headers_only_until = now + HEADERS_ONLY_FOR_MS;
+        lent.metrics.count(pool, Counter::BodyUnavailable);
+        if !std::mem::replace(&mut self.body.warned, true) {
+            log::warn!(
+                "llm_governor: a held body never arrived; for a minute, errors are classified from \
+                 status and headers alone and token limits charge after the response instead of \
+                 reserving. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
+                 quota errors can be told from rate limits and requests can be estimated"
+            );
+        }
+    }
+}
+
+/// Set `headers` on the response and record what the access log reads of them.
+fn set_headers(effects: &mut Vec<Effect>, headers: Vec<(&'static str, String)>) {
+    effects.push(Effect::AccessLog(reply::access_log(&headers)));
+    effects.push(Effect::SetResponseHeaders(headers));
+}
