@@ -176,6 +176,67 @@ pub trait Metrics {
     fn histogram(&mut self, pool: usize, h: Histogram, ms: u64);
 }
 
+/// What kind of stat a host defines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// The catalogue of stats every host defines: each counter, gauge and histogram of each pool,
+/// with the host's id for it (None where the host refused one). Hosts differ only in how they
+/// define a stat (a name per pool, or a family with a pool label) and how they write one.
+pub struct Catalogue<Id> {
+    ids: Vec<Option<Id>>,
+}
+
+const PER_POOL: usize = Counter::ALL.len() + Gauge::ALL.len() + Histogram::ALL.len();
+
+impl<Id: Copy> Catalogue<Id> {
+    /// `define(kind, pool name, stat name)` for every stat of every pool, in order.
+    pub fn define<'p>(
+        pools: impl IntoIterator<Item = &'p str>,
+        mut define: impl FnMut(Kind, &str, &str) -> Option<Id>,
+    ) -> Catalogue<Id> {
+        let mut ids = Vec::new();
+        for pool in pools {
+            ids.extend(
+                Counter::ALL
+                    .iter()
+                    .map(|c| define(Kind::Counter, pool, c.name())),
+            );
+            ids.extend(
+                Gauge::ALL
+                    .iter()
+                    .map(|g| define(Kind::Gauge, pool, g.name())),
+            );
+            ids.extend(
+                Histogram::ALL
+                    .iter()
+                    .map(|h| define(Kind::Histogram, pool, h.name())),
+            );
+        }
+        Catalogue { ids }
+    }
+
+    fn at(&self, pool: usize, offset: usize) -> Option<Id> {
+        self.ids.get(pool * PER_POOL + offset).copied().flatten()
+    }
+
+    pub fn counter(&self, pool: usize, c: Counter) -> Option<Id> {
+        self.at(pool, c.index())
+    }
+
+    pub fn gauge(&self, pool: usize, g: Gauge) -> Option<Id> {
+        self.at(pool, Counter::ALL.len() + g.index())
+    }
+
+    pub fn histogram(&self, pool: usize, h: Histogram) -> Option<Id> {
+        self.at(pool, Counter::ALL.len() + Gauge::ALL.len() + h.index())
+    }
+}
+
 /// The values one worker last wrote to each gauge of each pool, so a write that repeats one is
 /// skipped: most provider headers (limits, often remaining and reset too) repeat from one
 /// response to the next, and each write is a hostcall. Another worker may have written a
@@ -276,5 +337,35 @@ impl Metrics for Recorded {
             Histogram::RetryAfterMs => self.histogram.push((pool, ms)),
             Histogram::HoldMs => self.hold_ms.push((pool, ms)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalogue_finds_each_stat_of_each_pool() {
+        let mut defined = Vec::new();
+        let cat = Catalogue::define(["a", "b"], |kind, pool, name| {
+            defined.push((kind, pool.to_string(), name.to_string()));
+            (name != "hold_ms").then_some(defined.len())
+        });
+        assert_eq!(defined.len(), 2 * PER_POOL);
+        let id = cat.counter(1, Counter::Held).unwrap();
+        assert_eq!(defined[id - 1], (Kind::Counter, "b".into(), "held".into()));
+        let id = cat.gauge(0, Gauge::InFlight).unwrap();
+        assert_eq!(
+            defined[id - 1],
+            (Kind::Gauge, "a".into(), Gauge::InFlight.name().into())
+        );
+        let id = cat.histogram(1, Histogram::RetryAfterMs).unwrap();
+        assert_eq!(defined[id - 1].2, "retry_after_ms");
+        assert_eq!(
+            cat.histogram(0, Histogram::HoldMs),
+            None,
+            "refused by the host"
+        );
+        assert_eq!(cat.counter(2, Counter::Held), None, "no such pool");
     }
 }

@@ -33,6 +33,18 @@ pub struct RequestView<'a> {
     pub headers: Headers<'a>,
 }
 
+impl<'a> RequestView<'a> {
+    /// The view of a request whose header list carries its `:path` and `:authority`, as an
+    /// Envoy header map does.
+    pub fn of(headers: Headers<'a>) -> RequestView<'a> {
+        RequestView {
+            path: headers.get(":path").unwrap_or(b""),
+            authority: headers.get(":authority").unwrap_or(b""),
+            headers,
+        }
+    }
+}
+
 /// What the request path learned, carried to the response path of the same stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flow {

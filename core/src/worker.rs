@@ -83,6 +83,35 @@ pub enum Effect {
     ResumeResponse,
 }
 
+impl Effect {
+    /// The failure `Worker::failed` must hear of when the host cannot apply this effect (the
+    /// others are only logged).
+    pub fn failure(&self) -> Option<Failure> {
+        match self {
+            Effect::StripSteeringHeader => Some(Failure::Strip),
+            Effect::SendReply(_) => Some(Failure::Reply),
+            Effect::ResumeRequest => Some(Failure::Resume),
+            _ => None,
+        }
+    }
+
+    /// What the effect does, for a host's log line when it fails.
+    pub fn what(&self) -> &'static str {
+        match self {
+            Effect::StripSteeringHeader => {
+                "removing a client-sent steering header (the request is refused)"
+            }
+            Effect::Steer(_) => "naming the pool a request was steered to",
+            Effect::SetResponseHeaders(_) => "setting response headers",
+            Effect::AccessLog(_) => "recording access-log fields",
+            Effect::DropRequestBody(_) => "dropping a request body",
+            Effect::SendReply(_) => "sending a local answer (the request goes on)",
+            Effect::ResumeRequest => "resuming a request",
+            Effect::ResumeResponse => "resuming a response",
+        }
+    }
+}
+
 /// Whether the callback's direction goes on now or stays paused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {

@@ -6,105 +6,40 @@ use llm_governor_core::headers::WireHeaders;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::ptr::null_mut;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostError(pub Status);
+/// A hostcall's result: its error is the host's status (shown with `{:?}`).
+pub type HostResult<T> = Result<T, Status>;
 
-impl std::fmt::Display for HostError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "host returned {:?}", self.0)
-    }
-}
-
-pub type HostResult<T> = Result<T, HostError>;
-
+// The ABI's declarations, one a line (a `(name, name_len)` pair is one byte string; `out` and
+// `out_len` receive a buffer the host allocated through the SDK's `proxy_on_memory_allocate`).
+#[rustfmt::skip]
 #[link(wasm_import_module = "env")]
 extern "C" {
-    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> Status;
-    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> Status;
-    fn proxy_get_buffer_bytes(
-        buffer_type: BufferType,
-        start: usize,
-        max_size: usize,
-        return_buffer_data: *mut *mut u8,
-        return_buffer_size: *mut usize,
-    ) -> Status;
-    fn proxy_set_buffer_bytes(
-        buffer_type: BufferType,
-        start: usize,
-        size: usize,
-        buffer_data: *const u8,
-        buffer_size: usize,
-    ) -> Status;
-    fn proxy_get_header_map_pairs(
-        map_type: MapType,
-        return_map_data: *mut *mut u8,
-        return_map_size: *mut usize,
-    ) -> Status;
-    fn proxy_replace_header_map_value(
-        map_type: MapType,
-        key_data: *const u8,
-        key_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> Status;
-    fn proxy_remove_header_map_value(
-        map_type: MapType,
-        key_data: *const u8,
-        key_size: usize,
-    ) -> Status;
-    fn proxy_send_local_response(
-        status_code: u32,
-        status_code_details_data: *const u8,
-        status_code_details_size: usize,
-        body_data: *const u8,
-        body_size: usize,
-        headers_data: *const u8,
-        headers_size: usize,
-        grpc_status: i32,
-    ) -> Status;
-    fn proxy_get_shared_data(
-        key_data: *const u8,
-        key_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-        return_cas: *mut u32,
-    ) -> Status;
-    fn proxy_set_shared_data(
-        key_data: *const u8,
-        key_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-        cas: u32,
-    ) -> Status;
-    fn proxy_define_metric(
-        metric_type: MetricType,
-        name_data: *const u8,
-        name_size: usize,
-        return_id: *mut u32,
-    ) -> Status;
-    fn proxy_increment_metric(metric_id: u32, offset: i64) -> Status;
-    fn proxy_record_metric(metric_id: u32, value: u64) -> Status;
+    fn proxy_log(level: u32, msg: *const u8, msg_len: usize) -> Status;
+    fn proxy_get_current_time_nanoseconds(out: *mut u64) -> Status;
+    fn proxy_get_buffer_bytes(t: BufferType, start: usize, max: usize, out: *mut *mut u8, out_len: *mut usize) -> Status;
+    fn proxy_set_buffer_bytes(t: BufferType, start: usize, size: usize, data: *const u8, data_len: usize) -> Status;
+    fn proxy_get_header_map_pairs(t: MapType, out: *mut *mut u8, out_len: *mut usize) -> Status;
+    fn proxy_replace_header_map_value(t: MapType, key: *const u8, key_len: usize, value: *const u8, value_len: usize) -> Status;
+    fn proxy_remove_header_map_value(t: MapType, key: *const u8, key_len: usize) -> Status;
+    fn proxy_send_local_response(status: u32, details: *const u8, details_len: usize, body: *const u8, body_len: usize,
+                                 headers: *const u8, headers_len: usize, grpc_status: i32) -> Status;
+    fn proxy_get_shared_data(key: *const u8, key_len: usize, out: *mut *mut u8, out_len: *mut usize, cas: *mut u32) -> Status;
+    fn proxy_set_shared_data(key: *const u8, key_len: usize, value: *const u8, value_len: usize, cas: u32) -> Status;
+    fn proxy_define_metric(t: MetricType, name: *const u8, name_len: usize, id: *mut u32) -> Status;
+    fn proxy_increment_metric(id: u32, offset: i64) -> Status;
+    fn proxy_record_metric(id: u32, value: u64) -> Status;
     fn proxy_set_effective_context(context_id: u32) -> Status;
     fn proxy_continue_stream(stream_type: u32) -> Status;
     fn proxy_set_tick_period_milliseconds(period: u32) -> Status;
-    fn proxy_get_property(
-        path_data: *const u8,
-        path_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-    ) -> Status;
-    fn proxy_set_property(
-        path_data: *const u8,
-        path_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> Status;
+    fn proxy_get_property(path: *const u8, path_len: usize, out: *mut *mut u8, out_len: *mut usize) -> Status;
+    fn proxy_set_property(path: *const u8, path_len: usize, value: *const u8, value_len: usize) -> Status;
 }
 
 fn check(s: Status) -> HostResult<()> {
-    match s {
-        Status::Ok => Ok(()),
-        other => Err(HostError(other)),
+    if s == Status::Ok {
+        Ok(())
+    } else {
+        Err(s)
     }
 }
 
@@ -139,7 +74,7 @@ pub fn buffer(kind: BufferType, start: usize, max: usize) -> HostResult<Vec<u8>>
     match unsafe { proxy_get_buffer_bytes(kind, start, max, &mut ptr, &mut size) } {
         Status::Ok => Ok(unsafe { owned(ptr, size) }),
         Status::NotFound | Status::Empty => Ok(Vec::new()),
-        other => Err(HostError(other)),
+        other => Err(other),
     }
 }
 
@@ -169,19 +104,16 @@ pub fn remove_header(kind: MapType, name: &str) -> HostResult<()> {
 
 pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
     let map = WireHeaders::encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
-    let details = "llm_governor";
-    check(unsafe {
-        proxy_send_local_response(
-            status,
-            details.as_ptr(),
-            details.len(),
-            body.as_ptr(),
-            body.len(),
-            map.as_ptr(),
-            map.len(),
-            -1,
-        )
-    })
+    let (details, b, m) = ("llm_governor".as_bytes(), body, map.as_slice());
+    let (d, dn, bp, bn, mp, mn) = (
+        details.as_ptr(),
+        details.len(),
+        b.as_ptr(),
+        b.len(),
+        m.as_ptr(),
+        m.len(),
+    );
+    check(unsafe { proxy_send_local_response(status, d, dn, bp, bn, mp, mn, -1) })
 }
 
 pub fn get_shared(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
@@ -191,7 +123,7 @@ pub fn get_shared(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
     match unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut size, &mut cas) } {
         Status::Ok => Ok(Some((unsafe { owned(ptr, size) }, cas))),
         Status::NotFound => Ok(None),
-        other => Err(HostError(other)),
+        other => Err(other),
     }
 }
 
@@ -242,7 +174,7 @@ pub fn get_property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
     match unsafe { proxy_get_property(p.as_ptr(), p.len(), &mut ptr, &mut size) } {
         Status::Ok => Ok(Some(unsafe { owned(ptr, size) })),
         Status::NotFound | Status::Empty => Ok(None),
-        other => Err(HostError(other)),
+        other => Err(other),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::abi;
 use llm_governor_core::config::Config;
-use llm_governor_core::metrics::{self, Counter, Gauge, Histogram, Metrics};
+use llm_governor_core::metrics::{self, Catalogue, Counter, Gauge, Histogram, Kind, Metrics};
 use llm_governor_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
 
@@ -11,89 +11,63 @@ pub struct HostStore;
 
 impl SharedStore for HostStore {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
-        abi::get_shared(key).map_err(|e| StoreError::Host(e.to_string()))
+        abi::get_shared(key).map_err(|e| StoreError::Host(format!("{e:?}")))
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
         match abi::set_shared(key, value, cas.unwrap_or(0)) {
             Ok(()) => Ok(()),
-            Err(abi::HostError(Status::CasMismatch)) => Err(StoreError::CasMismatch),
-            Err(e) => Err(StoreError::Host(e.to_string())),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(e) => Err(StoreError::Host(format!("{e:?}"))),
         }
     }
 }
 
-/// Metric ids of one pool; None where the host refused to define one.
-struct PoolMetrics {
-    counters: Vec<Option<u32>>,
-    gauges: Vec<Option<u32>>,
-    histograms: Vec<Option<u32>>,
-}
-
-/// Envoy stats, defined once per VM for every configured pool.
-pub struct HostMetrics {
-    pools: Vec<PoolMetrics>,
-}
+/// Envoy stats: one per pool and stat (`llm_governor.pool.<pool>.<stat>`), defined once per VM.
+pub struct HostMetrics(Catalogue<u32>);
 
 impl HostMetrics {
     pub fn define(cfg: &Config) -> HostMetrics {
-        let define = |kind: MetricType, pool: &str, name: &str| {
-            let full = metrics::stat_name(pool, name);
-            abi::define_metric(kind, &full)
-                .map_err(|e| log::warn!("llm_governor: could not define stat {full}: {e}"))
+        let pools = cfg.pools.iter().map(|p| p.name.as_str());
+        HostMetrics(Catalogue::define(pools, |kind, pool, stat| {
+            let kind = match kind {
+                Kind::Counter => MetricType::Counter,
+                Kind::Gauge => MetricType::Gauge,
+                Kind::Histogram => MetricType::Histogram,
+            };
+            let name = metrics::stat_name(pool, stat);
+            abi::define_metric(kind, &name)
+                .map_err(|e| log::warn!("llm_governor: could not define stat {name}: {e:?}"))
                 .ok()
-        };
-        let pools = cfg
-            .pools
-            .iter()
-            .map(|p| PoolMetrics {
-                counters: Counter::ALL
-                    .iter()
-                    .map(|c| define(MetricType::Counter, &p.name, c.name()))
-                    .collect(),
-                gauges: Gauge::ALL
-                    .iter()
-                    .map(|g| define(MetricType::Gauge, &p.name, g.name()))
-                    .collect(),
-                histograms: Histogram::ALL
-                    .iter()
-                    .map(|h| define(MetricType::Histogram, &p.name, h.name()))
-                    .collect(),
-            })
-            .collect();
-        HostMetrics { pools }
+        }))
     }
 }
 
 impl Metrics for HostMetrics {
     fn count(&mut self, pool: usize, c: Counter) {
-        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.counters.get(c.index())) {
-            let _ = abi::increment_metric(*id, 1);
+        if let Some(id) = self.0.counter(pool, c) {
+            let _ = abi::increment_metric(id, 1);
         }
     }
 
     /// (The core's `GaugeCache` skips writes that repeat this worker's last value.)
     fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.gauges.get(g.index())) {
-            let _ = abi::record_metric(*id, value);
+        if let Some(id) = self.0.gauge(pool, g) {
+            let _ = abi::record_metric(id, value);
         }
     }
 
     /// `proxy_increment_metric` adds to a gauge too: each worker moves the gauge by its own
     /// part, so the gauge is the sum over workers (a `record` would be last-writer-wins).
     fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
-        if let Some(Some(id)) = self.pools.get(pool).and_then(|p| p.gauges.get(g.index())) {
-            let _ = abi::increment_metric(*id, delta);
+        if let Some(id) = self.0.gauge(pool, g) {
+            let _ = abi::increment_metric(id, delta);
         }
     }
 
     fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
-        if let Some(Some(id)) = self
-            .pools
-            .get(pool)
-            .and_then(|p| p.histograms.get(h.index()))
-        {
-            let _ = abi::record_metric(*id, ms);
+        if let Some(id) = self.0.histogram(pool, h) {
+            let _ = abi::record_metric(id, ms);
         }
     }
 }
@@ -120,14 +94,8 @@ impl log::Log for HostLogger {
     }
 
     fn log(&self, record: &log::Record) {
-        let level = match record.level() {
-            log::Level::Trace => 0,
-            log::Level::Debug => 1,
-            log::Level::Info => 2,
-            log::Level::Warn => 3,
-            log::Level::Error => 4,
-        };
-        abi::log(level, &record.args().to_string());
+        // `log` counts Error 1 .. Trace 5; proxy-wasm Trace 0 .. Error 4.
+        abi::log(5 - record.level() as u32, &record.args().to_string());
     }
 
     fn flush(&self) {}

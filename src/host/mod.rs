@@ -7,7 +7,7 @@ mod adapters;
 
 use adapters::{HostLogger, HostMetrics, HostStore};
 use llm_governor_core::config;
-use llm_governor_core::headers::{Headers, WireHeaders};
+use llm_governor_core::headers::Headers;
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::reply::STEERING_HEADER;
 use llm_governor_core::worker::{self, Effect, Failure, Lent, Reaction, StreamIo, Worker};
@@ -55,8 +55,8 @@ impl Vm {
     }
 
     /// A callback of stream `id`: the worker's reaction, applied; the action for Envoy.
-    fn callback(&self, id: u32, f: impl FnOnce(&mut Worker, &mut Lent) -> Reaction) -> Action {
-        let action = match self.with_worker(Some(id), f) {
+    fn callback(&self, id: u32, f: impl FnOnce(&mut Worker, u32, &mut Lent) -> Reaction) -> Action {
+        let action = match self.with_worker(Some(id), |w, lent| f(w, id, lent)) {
             Some(reaction) => self.apply(id, reaction),
             None => Action::Continue,
         };
@@ -67,21 +67,16 @@ impl Vm {
     /// Apply a reaction's effects in order. An effect that fails is reported to the worker,
     /// whose answer replaces the rest (and is applied without further reports).
     fn apply(&self, id: u32, reaction: Reaction) -> Action {
-        for effect in reaction.effects {
-            if let Err(failure) = effect_call(effect) {
-                let instead = self.with_worker(Some(id), |w, lent| w.failed(id, failure, lent));
-                return match instead {
-                    Some(r) => {
-                        for e in r.effects {
-                            let _ = effect_call(e);
-                        }
-                        action(r.action)
-                    }
-                    None => Action::Continue,
-                };
-            }
-        }
-        action(reaction.action)
+        let Some(failure) = reaction.effects.into_iter().find_map(effect_call) else {
+            return action(reaction.action);
+        };
+        let instead = self.with_worker(Some(id), |w, lent| w.failed(id, failure, lent));
+        let r = instead.unwrap_or(Reaction {
+            effects: Vec::new(),
+            action: worker::Action::Continue,
+        });
+        r.effects.into_iter().for_each(|e| _ = effect_call(e));
+        action(r.action)
     }
 
     /// A worker ticks only while it holds or waits for something.
@@ -96,10 +91,8 @@ impl Vm {
     }
 
     fn on_tick(&self) {
-        let due = self
-            .with_worker(None, |w, lent| w.tick(lent))
-            .unwrap_or_default();
-        for (id, reaction) in due {
+        let due = self.with_worker(None, |w, lent| w.tick(lent));
+        for (id, reaction) in due.unwrap_or_default() {
             // The effective context is reset per VM call: set it for every stream.
             if abi::set_effective_context(id).is_err() {
                 self.with_worker(None, |w, lent| w.on_end(id, lent)); // the stream is gone
@@ -121,72 +114,31 @@ fn action(a: worker::Action) -> Action {
     }
 }
 
-/// One effect as hostcalls (on the effective context). Err: the failure the worker must hear of.
-fn effect_call(effect: Effect) -> Result<(), Failure> {
-    match effect {
-        Effect::StripSteeringHeader => {
-            abi::remove_header(MapType::HttpRequestHeaders, STEERING_HEADER).map_err(|e| {
-                warn(
-                    Failure::Strip,
-                    &format!(
-                    "could not remove a client-sent {STEERING_HEADER} ({e}); refusing the request"
-                ),
-                )
-            })
+/// One effect as hostcalls (on the effective context). A failed hostcall is logged; the
+/// failure is returned when the worker must hear of it.
+fn effect_call(effect: Effect) -> Option<Failure> {
+    let (req, resp) = (MapType::HttpRequestHeaders, MapType::HttpResponseHeaders);
+    let (what, failure) = (effect.what(), effect.failure());
+    let done = match effect {
+        Effect::StripSteeringHeader => abi::remove_header(req, STEERING_HEADER),
+        Effect::Steer(pool) => abi::replace_header(req, STEERING_HEADER, &pool),
+        Effect::SetResponseHeaders(hs) => {
+            every(hs.iter().map(|(n, v)| abi::replace_header(resp, n, v)))
         }
-        Effect::Steer(pool) => {
-            if let Err(e) = abi::replace_header(MapType::HttpRequestHeaders, STEERING_HEADER, &pool)
-            {
-                log::warn!("llm_governor: could not steer a request to pool {pool}: {e}");
-            }
-            Ok(())
-        }
-        Effect::SetResponseHeaders(headers) => {
-            for (name, value) in headers {
-                if let Err(e) = abi::replace_header(MapType::HttpResponseHeaders, name, &value) {
-                    log::debug!("llm_governor: could not set response header {name}: {e}");
-                }
-            }
-            Ok(())
-        }
-        Effect::AccessLog(fields) => {
-            for (key, value) in fields {
-                if let Err(e) = abi::set_property(&[key], value.as_bytes()) {
-                    log::debug!("llm_governor: could not set filter state {key}: {e}");
-                }
-            }
-            Ok(())
-        }
-        Effect::DropRequestBody(size) => {
-            let _ = abi::set_buffer(BufferType::HttpRequestBody, 0, size, &[]);
-            Ok(())
-        }
-        Effect::SendReply(r) => {
-            abi::send_local_response(r.status, &r.headers, &r.body).map_err(|e| {
-                warn(
-                    Failure::Reply,
-                    &format!("could not send a local answer ({e}); letting the request through"),
-                )
-            })
-        }
-        Effect::ResumeRequest => abi::resume_request().map_err(|e| {
-            warn(
-                Failure::Resume,
-                &format!("could not resume a held request: {e}"),
-            )
-        }),
-        Effect::ResumeResponse => {
-            if let Err(e) = abi::resume_response() {
-                log::warn!("llm_governor: could not resume a held response: {e}");
-            }
-            Ok(())
-        }
-    }
+        Effect::AccessLog(f) => every(f.iter().map(|(k, v)| abi::set_property(&[k], v.as_bytes()))),
+        Effect::DropRequestBody(n) => abi::set_buffer(BufferType::HttpRequestBody, 0, n, &[]),
+        Effect::SendReply(r) => abi::send_local_response(r.status, &r.headers, &r.body),
+        Effect::ResumeRequest => abi::resume_request(),
+        Effect::ResumeResponse => abi::resume_response(),
+    };
+    let e = done.err()?;
+    log::warn!("llm_governor: {what} failed: {e:?}");
+    failure
 }
 
-fn warn(failure: Failure, message: &str) -> Failure {
-    log::warn!("llm_governor: {message}");
-    failure
+/// Every call made (none stops the rest), the last failure kept.
+fn every(calls: impl Iterator<Item = abi::HostResult<()>>) -> abi::HostResult<()> {
+    calls.filter_map(Result::err).last().map_or(Ok(()), Err)
 }
 
 /// Stream buffers and properties, read on the effective context: the current stream's in a
@@ -201,10 +153,11 @@ impl HostIo {
     }
 
     fn body(&self, id: u32, kind: BufferType, max: usize) -> Vec<u8> {
-        match self.focus(id) {
-            true => abi::buffer(kind, 0, max).unwrap_or_default(),
-            false => Vec::new(),
-        }
+        let read = self
+            .focus(id)
+            .then(|| abi::buffer(kind, 0, max).ok())
+            .flatten();
+        read.unwrap_or_default()
     }
 }
 
@@ -236,17 +189,15 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let bytes = match abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
-            Ok(b) => b,
-            Err(e) => {
-                log::error!("llm_governor: could not read the plugin configuration: {e}");
-                return false;
-            }
-        };
-        let cfg = match config::parse(&bytes) {
+        let cfg = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+            .map_err(|e| format!("could not read the plugin configuration: {e:?}"))
+            .and_then(|bytes| {
+                config::parse(&bytes).map_err(|e| format!("invalid configuration: {e}"))
+            });
+        let cfg = match cfg {
             Ok(cfg) => cfg,
             Err(e) => {
-                log::error!("llm_governor: invalid configuration: {e}");
+                log::error!("llm_governor: {e}");
                 return false;
             }
         };
@@ -298,65 +249,52 @@ impl Drop for Filter {
     }
 }
 
-fn header<'a>(map: &'a WireHeaders, name: &str) -> &'a [u8] {
-    Headers::wire(map).get(name).unwrap_or(b"")
-}
-
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let pairs = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
-        let view = RequestView {
-            path: header(&pairs, ":path"),
-            authority: header(&pairs, ":authority"),
-            headers: Headers::wire(&pairs),
-        };
-        let id = self.id;
-        self.vm.callback(id, |w, lent| {
+        let view = RequestView::of(Headers::wire(&pairs));
+        self.vm.callback(self.id, |w, id, lent| {
             w.on_request_headers(id, &view, end_of_stream, lent)
         })
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let id = self.id;
-        self.vm.callback(id, |w, lent| {
+        self.vm.callback(self.id, |w, id, lent| {
             w.on_request_body(id, body_size, end_of_stream, lent)
         })
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        let id = self.id;
         self.vm
-            .callback(id, |w, lent| w.on_request_trailers(id, lent))
+            .callback(self.id, |w, id, lent| w.on_request_trailers(id, lent))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let id = self.id;
-        if !self
+        let governed = self
             .vm
             .worker
             .try_borrow()
-            .is_ok_and(|w| w.reads_response_headers(id))
-        {
+            .is_ok_and(|w| w.reads_response_headers(id));
+        if !governed {
             return Action::Continue; // no hostcall for the map of a stream nothing governs
         }
         let pairs = abi::header_map(MapType::HttpResponseHeaders).unwrap_or_default();
         let headers = Headers::wire(&pairs);
-        self.vm.callback(id, |w, lent| {
+        self.vm.callback(id, |w, id, lent| {
             w.on_response_headers(id, &headers, end_of_stream, lent)
         })
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let id = self.id;
-        self.vm.callback(id, |w, lent| {
+        self.vm.callback(self.id, |w, id, lent| {
             w.on_response_body(id, body_size, end_of_stream, lent)
         })
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        let id = self.id;
         self.vm
-            .callback(id, |w, lent| w.on_response_trailers(id, lent))
+            .callback(self.id, |w, id, lent| w.on_response_trailers(id, lent))
     }
 
     fn on_log(&mut self) {
