@@ -165,12 +165,14 @@ enum Stream {
         flow: Flow,
         usage: Option<UsageScanner>,
     },
-    /// An upstream error response waits for its body to be classified.
+    /// An upstream error response waits for its body to be classified; `arrived` is what of
+    /// it body callbacks delivered so far.
     AwaitingErrorBody {
         flow: Flow,
         status: u16,
         headers: WireHeaders,
         until_ms: u64,
+        arrived: Vec<u8>,
     },
 }
 
@@ -199,17 +201,27 @@ struct BodyRead {
     seen: bool,
 }
 
-/// Whether Envoy delivers body callbacks after a paused headers callback. Assumed until a body
-/// that was waited for never came; then, for `HEADERS_ONLY_FOR_MS`, nothing waits for a body.
+/// Whether Envoy delivers body callbacks after a paused headers callback (it does not without
+/// `allow_on_headers_stop_iteration`). Assumed until a body that was waited for never came;
+/// then, for `HEADERS_ONLY_FOR_MS`, nothing waits for a body. Once a paused stream has had a
+/// body callback, the capability is proven: a body that is late afterwards is that stream's
+/// slowness, and changes how no other stream is read.
 #[derive(Default)]
 struct BodyCapability {
     headers_only_until: u64,
+    proven: bool,
     warned: bool,
 }
 
 impl BodyCapability {
     fn expected(&self, now: impl FnOnce() -> u64) -> bool {
         self.headers_only_until == 0 || now() >= self.headers_only_until
+    }
+
+    /// A paused stream had a body callback.
+    fn seen(&mut self) {
+        self.proven = true;
+        self.headers_only_until = 0;
     }
 }
 
@@ -413,6 +425,7 @@ impl Worker {
                 if !read.seen {
                     // Some of it came: the rest gets the longer wait.
                     read.seen = true;
+                    self.body.seen();
                     let until = (lent.clock)() + REQUEST_BODY_WAIT_MS;
                     let old = std::mem::replace(&mut read.until_ms, until);
                     self.due.remove(&(old, id));
@@ -528,6 +541,7 @@ impl Worker {
                         status,
                         headers: headers.to_wire(),
                         until_ms,
+                        arrived: Vec::new(),
                     };
                     self.set(id, wait);
                 }
@@ -553,12 +567,21 @@ impl Worker {
                 scanner.feed(&lent.io.response_body(id, body_size));
                 Reaction::go_on()
             }
-            Some(Stream::AwaitingErrorBody { .. })
+            Some(Stream::AwaitingErrorBody { arrived, .. })
                 if !end_of_stream && body_size < MAX_ERROR_BODY =>
             {
+                // Envoy buffers it; what arrived is kept, so a body that misses its wait is
+                // still classified on what came.
+                self.body.seen();
+                if body_size > arrived.len() {
+                    *arrived = lent.io.response_body(id, body_size.min(MAX_ERROR_BODY));
+                }
                 Reaction::new(Vec::new(), Action::Pause)
             }
-            Some(Stream::AwaitingErrorBody { .. }) => self.classify_awaited(id, false, lent),
+            Some(Stream::AwaitingErrorBody { .. }) => {
+                self.body.seen();
+                self.classify_awaited(id, false, lent)
+            }
             _ => Reaction::go_on(),
         }
     }
@@ -640,7 +663,7 @@ impl Worker {
                 Some(Stream::ReplyPending { .. }) => self.send_pending(id),
                 Some(Stream::ReadingBody(read)) => {
                     // The body is slow, or body callbacks never come: admit on what arrived.
-                    if !read.seen {
+                    if !read.seen && !self.body.proven {
                         let pool = read.flow.pool;
                         self.body_never_came(pool, now, lent);
                     }
@@ -806,15 +829,19 @@ impl Worker {
             mut flow,
             status,
             headers,
+            arrived,
             ..
         }) = self.take_stream(id)
         else {
             return Reaction::go_on();
         };
         let mut body = lent.io.response_body(id, MAX_ERROR_BODY);
+        if body.len() < arrived.len() {
+            body = arrived;
+        }
         body.truncate(MAX_ERROR_BODY);
         let clock = Clock::lazy(lent.clock);
-        if overdue && body.is_empty() {
+        if overdue && body.is_empty() && !self.body.proven {
             self.body_never_came(flow.pool, clock.now(), lent);
         }
         let mut metrics = self.gauges.over(&mut *lent.metrics);

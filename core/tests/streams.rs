@@ -437,3 +437,95 @@ fn usage_is_read_from_the_response_body_and_charged_at_the_stream_end() {
         "\"tpm\";q=600;w=60"
     );
 }
+
+/// A 429 whose headers came without its body: the stream pauses for the body.
+fn error_headers(host: &mut Host, id: u32) -> Reaction {
+    let hs = owned(&[(":status", "429")]);
+    host.call(|w, lent| {
+        w.on_response_headers(
+            id,
+            &llm_governor_core::headers::Headers::new(&hs),
+            false,
+            lent,
+        )
+    })
+}
+
+#[test]
+fn an_error_body_that_misses_its_wait_is_classified_on_what_arrived() {
+    let mut host = Host::new("{}");
+    headers(&mut host, 1, true, &[A]);
+    assert_eq!(error_headers(&mut host, 1).action, Action::Pause);
+    // The first 60 bytes (the quota code among them) arrive; the rest trickles.
+    host.io
+        .response_bodies
+        .insert(1, QUOTA.as_bytes()[..60].to_vec());
+    body_part(&mut host, 1, 60);
+    host.io.response_bodies.remove(&1); // the tick may read nothing of the buffer
+    host.advance(BODY_WAIT_MS);
+    let out = host.tick_reactions();
+    assert_eq!(
+        header(&set_headers(&out[0].1), "x-llm-governor-class"),
+        "quota_exhausted"
+    );
+    assert_eq!(host.metrics.count_of(0, Counter::BodyUnavailable), 0);
+}
+
+/// A part of stream `id`'s response body: `buffered` bytes so far, more to come.
+fn body_part(host: &mut Host, id: u32, buffered: usize) -> Reaction {
+    host.call(|w, lent| w.on_response_body(id, buffered, false, lent))
+}
+
+#[test]
+fn one_slow_error_body_changes_how_no_other_answer_is_read() {
+    let mut host = Host::new("{}");
+    // Body callbacks are seen to work on this worker: a quota 429 read whole.
+    headers(&mut host, 1, true, &[A]);
+    error_headers(&mut host, 1);
+    host.io.response_bodies.insert(1, QUOTA.as_bytes().to_vec());
+    host.call(|w, lent| w.on_response_body(1, QUOTA.len(), true, lent));
+    // Then one whose body does not come in time at all.
+    headers(&mut host, 2, true, &[("authorization", "Bearer sk-slow")]);
+    error_headers(&mut host, 2);
+    host.advance(BODY_WAIT_MS);
+    let out = host.tick_reactions();
+    assert_eq!(
+        header(&set_headers(&out[0].1), "x-llm-governor-class"),
+        "rate_limited"
+    );
+    // Another account's prompt quota 429 is still read by its body.
+    headers(&mut host, 3, true, &[("authorization", "Bearer sk-other")]);
+    assert_eq!(
+        error_headers(&mut host, 3),
+        paused(vec![]),
+        "still waits for its body"
+    );
+    host.io.response_bodies.insert(3, QUOTA.as_bytes().to_vec());
+    let r = host.call(|w, lent| w.on_response_body(3, QUOTA.len(), true, lent));
+    assert_eq!(
+        header(&set_headers(&r), "x-llm-governor-class"),
+        "quota_exhausted"
+    );
+    assert_eq!(host.metrics.count_of(0, Counter::BodyUnavailable), 0);
+}
+
+#[test]
+fn on_a_worker_that_never_saw_a_body_callback_a_missing_body_still_means_headers_only() {
+    let mut host = Host::new("{}");
+    headers(&mut host, 1, true, &[A]);
+    error_headers(&mut host, 1);
+    host.advance(BODY_WAIT_MS);
+    host.tick_reactions();
+    assert_eq!(host.metrics.count_of(0, Counter::BodyUnavailable), 1);
+    headers(&mut host, 2, true, &[("authorization", "Bearer sk-b")]);
+    let r = error_headers(&mut host, 2);
+    assert_eq!(
+        r.action,
+        Action::Continue,
+        "classified from status and headers"
+    );
+    assert_eq!(
+        header(&set_headers(&r), "x-llm-governor-class"),
+        "rate_limited"
+    );
+}
