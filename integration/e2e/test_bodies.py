@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 import uuid
 
@@ -148,3 +149,53 @@ def test_a_prompt_larger_than_envoys_buffer_gets_the_local_answer_on_a_kept_conn
     assert [q["status"] for q in sim.requests_for(key)] == [429], "a cooled request reached the provider"
     assert int(envoy.stat("http.llm_gateway.downstream_rq_4xx") or 0) == 3
     assert int(envoy.stat("http.llm_gateway.downstream_cx_total") or 0) == 1
+
+
+QUOTA_BODY = (b'{"error":{"message":"You exceeded your current quota, please check your plan and billing '
+              b'details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}')
+
+
+class _SlowQuotaUpstream(RawUpstream):
+    """Answers every request with OpenAI's quota 429. On /v1/chat/slow its body starts after
+    1.5 s and trickles over 4 s (the filter has classified the response by then); elsewhere it
+    comes at once."""
+
+    def serve(self, conn):
+        with conn:
+            request = self.read_request(conn)
+            if request is None:
+                return
+            slow = request.split(b" ", 2)[1].startswith(b"/v1/chat/slow")
+            conn.sendall(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                         + f"content-length: {len(QUOTA_BODY)}\r\nconnection: close\r\n\r\n".encode())
+            if not slow:
+                conn.sendall(QUOTA_BODY)
+                return
+            time.sleep(1.5)
+            piece = len(QUOTA_BODY) // 8 + 1
+            for i in range(0, len(QUOTA_BODY), piece):
+                try:
+                    conn.sendall(QUOTA_BODY[i:i + piece])
+                except OSError:
+                    return
+                time.sleep(0.5)
+
+
+def test_one_slow_error_body_changes_how_no_other_accounts_answers_are_read(envoy_factory):
+    # Issue 20: a wait that gives up on one stream's body may change that stream only. Before,
+    # a body that had not started when its 1 s wait ended switched the worker to reading every
+    # 429 from status and headers for a minute: other accounts' prompt quota answers were then
+    # told "rate_limited", and their clients retried a key whose quota was gone.
+    with _SlowQuotaUpstream() as upstream:
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(CONFIG)]), concurrency=1)
+        status, headers, _, _ = post(envoy.port, "/v1/chat/completions")
+        assert (status, headers.get("x-llm-governor-class")) == (429, "quota_exhausted"), headers
+        slow = [threading.Thread(target=post, args=(envoy.port, "/v1/chat/slow")) for _ in range(2)]
+        for t in slow:
+            t.start()
+        time.sleep(1.3)  # the slow ones have been classified without their bodies
+        classes = [post(envoy.port, "/v1/chat/completions")[1].get("x-llm-governor-class") for _ in range(8)]
+        for t in slow:
+            t.join(timeout=15)
+        assert classes == ["quota_exhausted"] * 8, classes
+        assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
