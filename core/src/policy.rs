@@ -188,6 +188,8 @@ pub enum ResponseStep {
 /// worker (and, in a native host, every thread) shares one. Per-worker state is `Worker`'s.
 pub struct Governor {
     pub cfg: Config,
+    /// The key of the ids of credentials, tenants and models (`keys::HashKey`).
+    ids: keys::HashKey,
     /// Per pool: the id of its name, for `key: pool` limits.
     pub(crate) pool_ids: Vec<u64>,
     /// Some limit reserves tokens or is keyed by model: the request body is read.
@@ -197,11 +199,12 @@ pub struct Governor {
 }
 
 impl Governor {
-    pub fn new(cfg: Config) -> Governor {
+    /// The governor of `cfg`, its ids keyed with `ids` (the host's secret: see `keys`).
+    pub fn new(cfg: Config, ids: keys::HashKey) -> Governor {
         let pool_ids = cfg
             .pools
             .iter()
-            .map(|p| keys::fnv1a64(p.name.as_bytes()))
+            .map(|p| ids.id(p.name.as_bytes()))
             .collect();
         let keys_by_model = cfg
             .limits
@@ -214,10 +217,25 @@ impl Governor {
                 .any(|l| l.kind == LimitKind::Tokens && l.reserve);
         Governor {
             cfg,
+            ids,
             pool_ids,
             reads_body,
             keys_by_model,
         }
+    }
+
+    /// The governor of a configuration as a host receives it (JSON), or the message to log:
+    /// "invalid configuration: <field>: <reason>".
+    pub fn load(json: &[u8], ids: keys::HashKey) -> Result<Governor, String> {
+        match crate::config::parse(json) {
+            Ok(cfg) => Ok(Governor::new(cfg, ids)),
+            Err(e) => Err(format!("invalid configuration: {e}")),
+        }
+    }
+
+    /// The id of a credential, tenant id, model or label: its keyed hash.
+    pub fn id(&self, bytes: &[u8]) -> u64 {
+        self.ids.id(bytes)
     }
 
     /// Whether the request body must be read before admission: only when some limit reserves
@@ -242,7 +260,7 @@ impl Governor {
             .account_headers
             .iter()
             .find_map(|name| h.get(name).map(strip_bearer).filter(|v| !v.is_empty()))
-            .map_or(keys::NO_ACCOUNT, keys::fnv1a64)
+            .map_or(keys::NO_ACCOUNT, |v| self.id(v))
     }
 
     /// Everything the policy needs from the request headers, read once.
@@ -254,13 +272,13 @@ impl Governor {
             .limits
             .iter()
             .map(|l| {
-                l.key.header().map_or(0, |name| {
-                    keys::fnv1a64(req.headers.get(name).unwrap_or(b"-"))
-                })
+                l.key
+                    .header()
+                    .map_or(0, |name| self.id(req.headers.get(name).unwrap_or(b"-")))
             })
             .collect();
         let model_id = match self.keys_by_model {
-            true => keys::model_in_path(req.path).map_or(keys::NO_MODEL, keys::fnv1a64),
+            true => keys::model_in_path(req.path).map_or(keys::NO_MODEL, |m| self.id(m)),
             false => keys::NO_MODEL,
         };
         let dialect = self.cfg.pools[pool]
@@ -296,7 +314,7 @@ impl Governor {
         flow.account = p
             .account
             .as_deref()
-            .map_or(flow.client_account, |label| keys::fnv1a64(label.as_bytes()));
+            .map_or(flow.client_account, |label| self.id(label.as_bytes()));
         flow.dialect = match p.dialect {
             _ if pool == flow.home_pool => flow.home_dialect,
             Dialect::Auto => flow.home_dialect,
@@ -312,7 +330,7 @@ impl Governor {
                 LimitKey::Account => flow.account,
                 LimitKey::Pool => self.pool_ids[pool],
                 LimitKey::Model { header: None } => flow.model_id,
-                LimitKey::Model { header: Some(_) } => keys::mix(*id, flow.model_id),
+                LimitKey::Model { header: Some(_) } => self.ids.mix(*id, flow.model_id),
             })
             .collect();
     }
@@ -324,7 +342,7 @@ impl Governor {
         let est = estimate::estimate(body, total_len);
         if flow.model_id == keys::NO_MODEL {
             if let Some(model) = est.model.and_then(|(from, to)| body.get(from..to)) {
-                flow.model_id = keys::fnv1a64(model);
+                flow.model_id = self.id(model);
             }
         }
         flow.estimate = Some(est);

@@ -6,7 +6,7 @@
 mod common;
 use common::Decision;
 use common::{header, Host};
-use llm_governor_core::keys::fnv1a64;
+
 use llm_governor_core::metrics::Counter;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -28,7 +28,7 @@ fn the_first_present_account_header_wins() {
         ("x-api-key", "sk-first"),
     ];
     let flow = host.forward(CHAT, &both);
-    assert_eq!(flow.account, fnv1a64(b"sk-first"));
+    assert_eq!(flow.account, host.governor().id(b"sk-first"));
     for (headers, id) in [
         (
             &[("authorization", "Bearer sk-b"), ("api-key", "sk-c")][..],
@@ -47,7 +47,7 @@ fn the_first_present_account_header_wins() {
     ] {
         assert_eq!(
             host.forward(CHAT, headers).account,
-            fnv1a64(id.as_bytes()),
+            host.governor().id(id.as_bytes()),
             "{headers:?}"
         );
     }
@@ -73,7 +73,7 @@ fn account_headers_are_read_in_the_configured_order() {
         ("x-org-key", "org-1"),
         ("x-api-key", "sk-x"),
     ];
-    assert_eq!(host.forward(CHAT, &h).account, fnv1a64(b"org-1"));
+    assert_eq!(host.forward(CHAT, &h).account, host.governor().id(b"org-1"));
     // A header that is not configured identifies nothing.
     let none = host.forward(CHAT, &[("x-api-key", "sk-x")]);
     assert_eq!(none.account, host.forward(CHAT, &[]).account);

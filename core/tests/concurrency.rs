@@ -137,7 +137,10 @@ fn request(
 
 fn governor(limits: &str) -> Arc<Governor> {
     let json = format!(r#"{{"hold": {{"max_ms": 0}}, "limits": [{limits}]}}"#);
-    Arc::new(Governor::new(config::parse(json.as_bytes()).unwrap()))
+    Arc::new(Governor::new(
+        config::parse(json.as_bytes()).unwrap(),
+        keys::HashKey::from_words(1, 2),
+    ))
 }
 
 /// What a run of workers did: requests forwarded, and fail-open give-ups counted.
@@ -241,7 +244,7 @@ fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
     assert_eq!(admitted, [[true; 5], [false; 5]].concat());
     // The creation, five takes, and five refill timestamps.
     assert_eq!(store.writes.load(Ordering::SeqCst), 11);
-    let b = store.bucket("tenant-rpm", keys::fnv1a64(b"t")).unwrap();
+    let b = store.bucket("tenant-rpm", gov.id(b"t")).unwrap();
     assert_eq!(
         b.updated_ms,
         T0 + 9,
@@ -260,10 +263,7 @@ fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
     store.inner.inject_conflicts.store(3, Ordering::SeqCst);
     assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 0);
-    let level = store
-        .bucket("tenant-rpm", keys::fnv1a64(b"t"))
-        .unwrap()
-        .level;
+    let level = store.bucket("tenant-rpm", gov.id(b"t")).unwrap().level;
     store
         .inner
         .inject_conflicts
@@ -274,7 +274,7 @@ fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
     );
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
     // Admitted without the update: the bucket did not move.
-    let after = store.bucket("tenant-rpm", keys::fnv1a64(b"t")).unwrap();
+    let after = store.bucket("tenant-rpm", gov.id(b"t")).unwrap();
     assert_eq!(after.level, level);
 }
 
@@ -357,7 +357,7 @@ fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
         r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
     ));
     let mut w = worker(&gov);
-    let pool_id = keys::fnv1a64(b"default");
+    let pool_id = gov.id(b"default");
     for round in 0..20 {
         let store = Observed::default();
         let clock = Clock::new();
@@ -399,7 +399,7 @@ fn a_token_that_was_never_taken_is_not_given_back() {
     for _ in 0..5 {
         assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     }
-    let pool_id = keys::fnv1a64(b"default");
+    let pool_id = gov.id(b"default");
     let before = store.bucket("pool-rpm", pool_id).unwrap().level;
     // The pool bucket's take meets a concurrent writer every time and gives up (the request
     // goes on, fail-open); the tenant bucket then refuses it.
@@ -437,7 +437,7 @@ fn contention_on_a_hot_key_loses_no_update() {
     ));
     let run = hammer(&gov, &store, &clock, "t", 4, 2_000, false);
     assert_eq!(run.admitted, 8_000);
-    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
     // What the workers' leases (lease.rs) hold or dropped unspent was taken from the bucket
     // too.
     let stock = w.leases().unspent() + run.unspent;
@@ -523,11 +523,8 @@ fn near_empty_every_request_is_one_compare_and_swap() {
             "t"
         ));
     }
-    assert_eq!(
-        w.leases().left((0, keys::fnv1a64(b"default")), clock.now()),
-        0
-    );
-    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    assert_eq!(w.leases().left((0, gov.id(b"default")), clock.now()), 0);
+    let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
     assert_eq!(b.level / 3_000_000, 480);
 }
 
@@ -553,7 +550,7 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
             clock.now(); // a second passes
         }
     }
-    let b = store.bucket("pool-rpm", keys::fnv1a64(b"default")).unwrap();
+    let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
     let held = w.leases().unspent();
     assert_eq!(
         held,

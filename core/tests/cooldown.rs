@@ -219,10 +219,7 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let f2 = host.forward("/v1/messages", &[("x-api-key", "sk-secret-123")]);
     assert_eq!(f.account, f2.account);
-    assert_eq!(
-        f.account,
-        llm_governor_core::keys::fnv1a64(b"sk-secret-123")
-    );
+    assert_eq!(f.account, host.governor().id(b"sk-secret-123"));
     let dump = host.store.dump();
     assert!(!dump.is_empty());
     for (k, v) in dump {

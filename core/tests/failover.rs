@@ -34,7 +34,7 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     assert_eq!(host.governor().steered_to(&steered), Some("backup"));
     assert_eq!(steered.pool, BACKUP);
     // The fallback's account is its label, hashed like a credential: never the client's key.
-    assert_eq!(steered.account, keys::fnv1a64(b"backup-key"));
+    assert_eq!(steered.account, host.governor().id(b"backup-key"));
     assert_eq!(host.metrics.count_of(PRIMARY, Counter::Failover), 1);
     // Another account of the primary is not steered.
     let other = go(host.arrive(2, PATH, &[B]));

@@ -486,7 +486,10 @@ fn race(
 }
 
 fn governor(json: &str) -> Arc<Governor> {
-    Arc::new(Governor::new(config::parse(json.as_bytes()).unwrap()))
+    Arc::new(Governor::new(
+        config::parse(json.as_bytes()).unwrap(),
+        keys::HashKey::from_words(1, 2),
+    ))
 }
 
 /// The raced requests have no body, and every response is the upstream's.

@@ -54,7 +54,7 @@ fn level(host: &Host, key_id: u64) -> i64 {
 }
 
 fn pool_id() -> u64 {
-    keys::fnv1a64(b"default")
+    common::test_key().id(b"default")
 }
 
 #[test]
@@ -291,7 +291,7 @@ fn model_keys_give_each_model_its_own_bucket_within_max_keys() {
     let a = host.forward_with_body(PATH, &t1, &body("gpt-4o"));
     let b = host.forward_with_body(PATH, &t1, &body("gpt-4o-mini"));
     assert_ne!(a.limit_keys[0], b.limit_keys[0], "one bucket per model");
-    assert_eq!(a.limit_keys[0], keys::fnv1a64(b"gpt-4o"));
+    assert_eq!(a.limit_keys[0], host.governor().id(b"gpt-4o"));
     // (tenant, model): t1 spent its one request on each model; t2 has its own.
     assert!(matches!(
         host.request_with_body(PATH, &t1, &body("gpt-4o")),
@@ -304,13 +304,16 @@ fn model_keys_give_each_model_its_own_bucket_within_max_keys() {
         &[("x-tenant", "t3")],
         &body("ignored"),
     );
-    assert_eq!(azure.limit_keys[0], keys::fnv1a64(b"prod-4o"));
+    assert_eq!(azure.limit_keys[0], host.governor().id(b"prod-4o"));
     let gemini = host.forward_with_body(
         "/v1beta/models/gemini-2.0-flash:generateContent",
         &[("x-tenant", "t4")],
         br#"{"contents":[{"parts":[{"text":"hi"}]}]}"#,
     );
-    assert_eq!(gemini.limit_keys[0], keys::fnv1a64(b"gemini-2.0-flash"));
+    assert_eq!(
+        gemini.limit_keys[0],
+        host.governor().id(b"gemini-2.0-flash")
+    );
 }
 
 #[test]

@@ -194,6 +194,7 @@ def wasm_filter(
     allow_on_headers_stop_iteration: bool = True,
     failure_policy: str = "FAIL_OPEN",
     name: str = "llm_governor",
+    host_env_keys: Optional[list] = None,
 ) -> dict:
     """The envoy.filters.http.wasm entry exactly as the shipped configs declare it (name: the
     plugin name, root id and vm id; the benchmarks load the empty module under its own)."""
@@ -211,6 +212,8 @@ def wasm_filter(
                     "vm_id": name,
                     "runtime": "envoy.wasm.runtime.v8",
                     "code": {"local": {"filename": str(module)}},
+                    # Environment variables the VM may read (LLM_GOVERNOR_HASH_KEY).
+                    **({"environment_variables": {"host_env_keys": host_env_keys}} if host_env_keys else {}),
                 },
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
@@ -438,6 +441,7 @@ class Envoy:
         stats_flush_interval: Optional[str] = None,
         prefix: Optional[list] = None,
         stop_grace_s: float = 5.0,
+        env: Optional[dict] = None,
     ):
         """prefix: a command Envoy's command line runs under (benchmarks: `taskset -c 0`, valgrind;
         both exec Envoy, so the pid stays Envoy's). bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
@@ -452,6 +456,7 @@ class Envoy:
         self.extra_args = list(extra_args or [])
         self.prefix = list(prefix or [])
         self.stop_grace_s = stop_grace_s
+        self.env = env
         self.base_id = next(_base_ids)
         self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-envoy-"))
         self.config_path = self.workdir / ("envoy.yaml" if isinstance(bootstrap, str) else "envoy.json")
@@ -499,7 +504,8 @@ class Envoy:
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env} if self.env else None,
         )
 
     def _admin_from_file(self, deadline: float) -> bool:

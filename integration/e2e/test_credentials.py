@@ -46,9 +46,13 @@ def secret(name: str) -> str:
 
 def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who_answered(sim):
     keys = {name: secret(name) for name in ("openai", "held", "anthropic", "azure", "gemini", "query", "plain")}
+    # The secret the ids are keyed with, handed to the VM through the shipped config's
+    # host_env_keys: it must never show either.
+    keys["hash key"] = secret("hash-key")
     # Not via envoy_factory: the YAML must name the access-log file in this Envoy's workdir.
     envoy = Envoy({}, upstream_port=sim.port, concurrency=2, bootstrap="",
-                  extra_args=["--component-log-level", "wasm:debug"])
+                  extra_args=["--component-log-level", "wasm:debug"],
+                  env={"LLM_GOVERNOR_HASH_KEY": keys["hash key"]})
     envoy.bootstrap = shipped_config_text(sim.port, envoy.access_log_path)
     _register(envoy)
     answers = []
@@ -113,6 +117,7 @@ def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who
         _release(envoy)
 
     assert "starting main dispatch loop" in outputs["envoy log"], "no Envoy log to search"
+    assert "ids are keyed with LLM_GOVERNOR_HASH_KEY" in outputs["envoy log"], "the VM did not see the secret"
     for where, text in outputs.items():
         for name, key in keys.items():
             # The secret part alone: a leak of a prefix-stripped or re-encoded value shows too.

@@ -36,11 +36,7 @@ extern "C" {
 }
 
 fn check(s: Status) -> HostResult<()> {
-    if s == Status::Ok {
-        Ok(())
-    } else {
-        Err(s)
-    }
+    (s == Status::Ok).then_some(()).ok_or(s)
 }
 
 /// Take ownership of a buffer the host allocated through the SDK's `proxy_on_memory_allocate`.
@@ -55,6 +51,18 @@ unsafe fn owned(ptr: *mut u8, size: usize) -> Vec<u8> {
     }
 }
 
+/// What a getter returned: the buffer the host allocated (see `owned`), None when it has none.
+///
+/// # Safety
+/// As `owned`, when `s` is `Ok`.
+unsafe fn got(s: Status, ptr: *mut u8, size: usize) -> HostResult<Option<Vec<u8>>> {
+    match s {
+        Status::Ok => Ok(Some(owned(ptr, size))),
+        Status::NotFound | Status::Empty => Ok(None),
+        other => Err(other),
+    }
+}
+
 pub fn log(level: u32, msg: &str) {
     // Nothing sensible can be done if logging fails.
     let _ = unsafe { proxy_log(level, msg.as_ptr(), msg.len()) };
@@ -62,20 +70,14 @@ pub fn log(level: u32, msg: &str) {
 
 pub fn now_ms() -> u64 {
     let mut ns: u64 = 0;
-    match unsafe { proxy_get_current_time_nanoseconds(&mut ns) } {
-        Status::Ok => ns / 1_000_000,
-        _ => 0,
-    }
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) }).map_or(0, |()| ns / 1_000_000)
 }
 
 pub fn buffer(kind: BufferType, start: usize, max: usize) -> HostResult<Vec<u8>> {
     let mut ptr = null_mut();
     let mut size = 0;
-    match unsafe { proxy_get_buffer_bytes(kind, start, max, &mut ptr, &mut size) } {
-        Status::Ok => Ok(unsafe { owned(ptr, size) }),
-        Status::NotFound | Status::Empty => Ok(Vec::new()),
-        other => Err(other),
-    }
+    let status = unsafe { proxy_get_buffer_bytes(kind, start, max, &mut ptr, &mut size) };
+    Ok(unsafe { got(status, ptr, size) }?.unwrap_or_default())
 }
 
 /// Replace `size` bytes from `start` of a buffer with `data`.
@@ -102,29 +104,23 @@ pub fn remove_header(kind: MapType, name: &str) -> HostResult<()> {
     check(unsafe { proxy_remove_header_map_value(kind, name.as_ptr(), name.len()) })
 }
 
+#[rustfmt::skip] // one argument pair a line reads better than one argument a line
 pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
     let map = WireHeaders::encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
-    let (details, b, m) = ("llm_governor".as_bytes(), body, map.as_slice());
-    let (d, dn, bp, bn, mp, mn) = (
-        details.as_ptr(),
-        details.len(),
-        b.as_ptr(),
-        b.len(),
-        m.as_ptr(),
-        m.len(),
-    );
-    check(unsafe { proxy_send_local_response(status, d, dn, bp, bn, mp, mn, -1) })
+    let details = b"llm_governor";
+    check(unsafe {
+        proxy_send_local_response(status, details.as_ptr(), details.len(), body.as_ptr(), body.len(),
+                                  map.as_ptr(), map.len(), -1)
+    })
 }
 
 pub fn get_shared(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
     let mut ptr = null_mut();
     let mut size = 0;
     let mut cas = 0;
-    match unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut size, &mut cas) } {
-        Status::Ok => Ok(Some((unsafe { owned(ptr, size) }, cas))),
-        Status::NotFound => Ok(None),
-        other => Err(other),
-    }
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut size, &mut cas) };
+    Ok(unsafe { got(status, ptr, size) }?.map(|value| (value, cas)))
 }
 
 /// `cas = 0` writes unconditionally.
@@ -171,11 +167,8 @@ pub fn get_property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
     let p = path.join("\0");
     let mut ptr = null_mut();
     let mut size = 0;
-    match unsafe { proxy_get_property(p.as_ptr(), p.len(), &mut ptr, &mut size) } {
-        Status::Ok => Ok(Some(unsafe { owned(ptr, size) })),
-        Status::NotFound | Status::Empty => Ok(None),
-        other => Err(other),
-    }
+    let status = unsafe { proxy_get_property(p.as_ptr(), p.len(), &mut ptr, &mut size) };
+    unsafe { got(status, ptr, size) }
 }
 
 /// Set a filter-state property (readable by access logs as `%FILTER_STATE(...)%`).

@@ -2,6 +2,7 @@
 
 use super::abi;
 use llm_governor_core::config::Config;
+use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::metrics::{self, Catalogue, Counter, Gauge, Histogram, Kind, Metrics};
 use llm_governor_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
@@ -15,11 +16,10 @@ impl SharedStore for HostStore {
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        match abi::set_shared(key, value, cas.unwrap_or(0)) {
-            Ok(()) => Ok(()),
-            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
-            Err(e) => Err(StoreError::Host(format!("{e:?}"))),
-        }
+        abi::set_shared(key, value, cas.unwrap_or(0)).map_err(|e| match e {
+            Status::CasMismatch => StoreError::CasMismatch,
+            e => StoreError::Host(format!("{e:?}")),
+        })
     }
 }
 
@@ -76,13 +76,34 @@ impl Metrics for HostMetrics {
 /// `random_get`), or from the clock if that fails.
 pub fn seed() -> u64 {
     let mut seed = [0u8; 8];
-    match getrandom::fill(&mut seed) {
-        Ok(()) => u64::from_le_bytes(seed),
-        Err(e) => {
-            log::warn!("llm_governor: getrandom failed ({e}); seeding jitter from the clock");
-            abi::now_ms().wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        }
+    if let Err(e) = getrandom::fill(&mut seed) {
+        log::warn!("llm_governor: getrandom failed ({e}); seeding from the clock");
+        return abi::now_ms().wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
+    u64::from_le_bytes(seed)
+}
+
+/// The key of the ids: the operator's secret (the VM sees `LLM_GOVERNOR_HASH_KEY` when
+/// `vm_config.environment_variables.host_env_keys` names it), else one random key for this
+/// Envoy in shared data. The main thread's VM configures before any worker's, so it makes the
+/// key and the workers read it (two VMs racing on a missing key could each keep their own).
+pub fn hash_key() -> HashKey {
+    let secret = std::env::var(keys::SECRET_ENV).ok();
+    HashKey::choose(secret.as_deref().map(str::as_bytes), || {
+        stored_key().unwrap_or_else(|| {
+            let mine = HashKey::from_words(seed(), seed());
+            let _ = abi::set_shared(KEY_OF_IDS, &mine.to_bytes(), 0);
+            stored_key().unwrap_or(mine)
+        })
+    })
+}
+
+/// Where this Envoy's own key of the ids is kept (shared data is never exported).
+const KEY_OF_IDS: &str = "k:h";
+
+fn stored_key() -> Option<HashKey> {
+    let (bytes, _) = abi::get_shared(KEY_OF_IDS).ok()??;
+    HashKey::from_bytes(&bytes)
 }
 
 /// Routes the `log` crate to Envoy's log.

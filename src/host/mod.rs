@@ -6,7 +6,6 @@ mod abi;
 mod adapters;
 
 use adapters::{HostLogger, HostMetrics, HostStore};
-use llm_governor_core::config;
 use llm_governor_core::headers::Headers;
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::reply::STEERING_HEADER;
@@ -44,7 +43,7 @@ impl Vm {
     ) -> Option<T> {
         let mut worker = self.worker.try_borrow_mut().ok()?;
         let mut metrics = self.metrics.try_borrow_mut().ok()?;
-        let mut io = HostIo { current };
+        let mut io = HostIo(current);
         let mut lent = Lent {
             store: &HostStore,
             metrics: &mut *metrics,
@@ -82,11 +81,9 @@ impl Vm {
     /// A worker ticks only while it holds or waits for something.
     fn tick_as_needed(&self) {
         let busy = self.worker.try_borrow().is_ok_and(|w| !w.is_idle());
-        if busy != self.ticking.get() {
-            let period = if busy { TICK_MS } else { 0 };
-            if abi::set_tick_period_ms(period).is_ok() {
-                self.ticking.set(busy);
-            }
+        let period = if busy { TICK_MS } else { 0 };
+        if busy != self.ticking.get() && abi::set_tick_period_ms(period).is_ok() {
+            self.ticking.set(busy);
         }
     }
 
@@ -143,13 +140,11 @@ fn every(calls: impl Iterator<Item = abi::HostResult<()>>) -> abi::HostResult<()
 
 /// Stream buffers and properties, read on the effective context: the current stream's in a
 /// callback, another's (set first) in a tick.
-struct HostIo {
-    current: Option<u32>,
-}
+struct HostIo(Option<u32>);
 
 impl HostIo {
     fn focus(&self, id: u32) -> bool {
-        self.current == Some(id) || abi::set_effective_context(id).is_ok()
+        self.0 == Some(id) || abi::set_effective_context(id).is_ok()
     }
 
     fn body(&self, id: u32, kind: BufferType, max: usize) -> Vec<u8> {
@@ -189,32 +184,29 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let cfg = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        let loaded = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
             .map_err(|e| format!("could not read the plugin configuration: {e:?}"))
-            .and_then(|bytes| {
-                config::parse(&bytes).map_err(|e| format!("invalid configuration: {e}"))
-            });
-        let cfg = match cfg {
-            Ok(cfg) => cfg,
+            .and_then(|json| Governor::load(&json, adapters::hash_key()));
+        let gov = match loaded {
+            Ok(gov) => gov,
             Err(e) => {
                 log::error!("llm_governor: {e}");
                 return false;
             }
         };
-        let metrics = HostMetrics::define(&cfg);
-        let worker = Worker::new(Arc::new(Governor::new(cfg)), adapters::seed());
+        let metrics = RefCell::new(HostMetrics::define(&gov.cfg));
+        let worker = RefCell::new(Worker::new(Arc::new(gov), adapters::seed()));
+        let ticking = Cell::new(false);
         self.vm = Some(Rc::new(Vm {
-            worker: RefCell::new(worker),
-            metrics: RefCell::new(metrics),
-            ticking: Cell::new(false),
+            worker,
+            metrics,
+            ticking,
         }));
         true
     }
 
     fn on_tick(&mut self) {
-        if let Some(vm) = &self.vm {
-            vm.on_tick();
-        }
+        self.vm.as_ref().inspect(|vm| vm.on_tick());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -235,8 +227,8 @@ struct Filter {
 impl Filter {
     /// The stream is over (complete, reset or cancelled), or its context is going away.
     fn end(&self) {
-        self.vm
-            .with_worker(Some(self.id), |w, lent| w.on_end(self.id, lent));
+        let id = self.id;
+        self.vm.with_worker(Some(id), |w, lent| w.on_end(id, lent));
         self.vm.tick_as_needed();
     }
 }

@@ -118,7 +118,7 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             std::process::exit(2);
         }
     };
-    let mut worker = Worker::new(Arc::new(Governor::new(cfg)), 1);
+    let mut worker = Worker::new(Arc::new(Governor::new(cfg, llm_governor_core::keys::HashKey::from_words(1, 2))), 1);
     let store = CountingStore::default();
     let mut metrics = CountingMetrics::default();
     let resp = [

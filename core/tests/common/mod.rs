@@ -5,6 +5,7 @@
 
 use llm_governor_core::config;
 use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::keys::HashKey;
 use llm_governor_core::lease::Leases;
 use llm_governor_core::metrics::Recorded;
 use llm_governor_core::policy::{Clock, Env, Flow, Governed, Governor, RequestView, ResponseStep};
@@ -97,6 +98,13 @@ pub struct Host {
 
 pub const T0: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
 
+/// The key of the tests' ids (a host's is secret: the environment's or an Envoy-wide random one).
+pub const TEST_KEY: (u64, u64) = (0x7465_7374, 0x6b65_79);
+
+pub fn test_key() -> HashKey {
+    HashKey::from_words(TEST_KEY.0, TEST_KEY.1)
+}
+
 /// Streams the test numbers itself use ids below this; `request` and `forward` count from it.
 const AUTO_IDS: u32 = 1_000_000;
 
@@ -108,7 +116,10 @@ impl Host {
         };
         let rng = FixedRng::new(0.0);
         Host {
-            worker: Worker::with_random(Arc::new(Governor::new(cfg)), Box::new(rng.clone())),
+            worker: Worker::with_random(
+                Arc::new(Governor::new(cfg, test_key())),
+                Box::new(rng.clone()),
+            ),
             store: MemStore::new(),
             metrics: Recorded::default(),
             rng,
