@@ -2,14 +2,18 @@
 //! not at all. A request refused by one limit gives back what earlier limits gave it, so a
 //! held request that asks again on every tick never drains a bucket it does not use.
 
+use crate::admission::Blocked;
 use crate::bucket::{Bucket, Shape};
 use crate::classify::Dialect;
+use crate::config::Limit;
 use crate::config::{LimitKind, Settle};
-use crate::cooldown::{self, Gate};
+use crate::env::Env;
+use crate::flow::Flow;
 use crate::inflight::{self, Slot, Slots};
 use crate::keys;
+use crate::keyspace;
 use crate::lease;
-use crate::policy::{holds_slot, in_flight_moved, Blocked, Env, Flow, Governor};
+use crate::metrics::Gauge;
 use crate::store::{self, UpdateError};
 
 /// Something a request took from a limit, to give back if a later limit refuses it.
@@ -22,15 +26,25 @@ struct Taken {
     leased: Option<u64>,
 }
 
-impl Governor {
+/// The configured limits (a view of the governor's), and the bound on their keys.
+pub struct Limits<'a> {
+    limits: &'a [Limit],
+    max_keys: u64,
+}
+
+impl<'a> Limits<'a> {
+    pub fn new(limits: &'a [Limit], max_keys: u64) -> Limits<'a> {
+        Limits { limits, max_keys }
+    }
+
     /// Take every limit of the flow, or none. Shared-data failures admit (fail-open) and count
     /// `store_contention`: the governor never rejects traffic because of its own bookkeeping.
-    pub(crate) fn take_limits(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
+    pub(crate) fn take(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
         let mut taken: Vec<Taken> = Vec::new();
         let mut charges = Vec::new();
         let mut slots = Vec::new();
-        let count = self.cfg.limits.len();
-        for (i, limit) in self.cfg.limits.iter().enumerate() {
+        let count = self.limits.len();
+        for (i, limit) in self.limits.iter().enumerate() {
             // What was taken is kept only to give it back when a later limit refuses: the
             // last limit's take need not be kept.
             let later = i + 1 < count;
@@ -144,11 +158,11 @@ impl Governor {
                 // A concurrency cap stays exact: a slot that could not be counted is not
                 // taken, and the request waits (held) or is answered as if the cap were full.
                 Err(e) if limit.kind == LimitKind::InFlight => {
-                    self.store_failed(flow.pool, &key, &e, env);
+                    keyspace::store_failed(flow.pool, &key, &e, env);
                     self.give_back(taken, &mut slots, flow.pool, env);
                     return Err(Blocked::InFlight { limit: i });
                 }
-                Err(e) => self.store_failed(flow.pool, &key, &e, env),
+                Err(e) => keyspace::store_failed(flow.pool, &key, &e, env),
             }
             if leased > 0 {
                 env.leases.put((i, key_id), leased, now);
@@ -175,18 +189,11 @@ impl Governor {
         Ok(())
     }
 
-    /// Whether the flow's pool could take it now, read-only: not cooling (nor out of quota),
-    /// not pacing with no release open, no `max_in_flight` cap full. Request buckets are not
-    /// looked at: they are the tenant's own limit wherever the request goes.
-    pub(crate) fn has_room(&self, flow: &Flow, env: &mut Env) -> bool {
+    /// Whether no `max_in_flight` cap of the flow is full, read-only (request buckets are the
+    /// tenant's own limit wherever the request goes: not looked at).
+    pub(crate) fn caps_have_room(&self, flow: &Flow, env: &mut Env) -> bool {
         let now = env.now();
-        if let Some(rec) = self.cooldown_record(flow, env) {
-            let (gate, _) = cooldown::pass(rec, now, self.cfg.hold.enabled());
-            if !matches!(gate, Gate::Open | Gate::Released) {
-                return false;
-            }
-        }
-        self.cfg.limits.iter().enumerate().all(|(i, l)| {
+        self.limits.iter().enumerate().all(|(i, l)| {
             if !holds_slot(l.kind) {
                 return true;
             }
@@ -212,9 +219,11 @@ impl Governor {
     ) -> (String, Option<(Vec<u8>, u32)>, bool) {
         match env.store.get(&key) {
             Ok(Some(known)) => (key, Some(known), true),
-            _ if self.admit_new_key(keys::BUCKET_KEY_COUNT, pool, env) => (key, None, true),
+            _ if keyspace::admit_new_key(self.max_keys, keys::BUCKET_KEY_COUNT, pool, env) => {
+                (key, None, true)
+            }
             _ => (
-                keys::overflow_bucket_key(&self.cfg.limits[limit].name),
+                keys::overflow_bucket_key(&self.limits[limit].name),
                 None,
                 false,
             ),
@@ -234,12 +243,12 @@ impl Governor {
                 continue;
             }
             let (key, amount) = (t.key, t.tokens);
-            let shape = self.cfg.limits[t.limit].shape();
+            let shape = self.limits[t.limit].shape();
             let now = env.now();
             if let Err(e) = update_bucket(env, &key, None, shape, |b| {
                 (Some(b.give(shape, now, amount)), ())
             }) {
-                self.store_failed(pool, &key, &e, env);
+                keyspace::store_failed(pool, &key, &e, env);
             }
         }
         for (i, key, slot) in slots.drain(..) {
@@ -248,7 +257,7 @@ impl Governor {
     }
 
     /// Give back every slot the flow holds (its stream ended).
-    pub(crate) fn release_slots(&self, flow: &mut Flow, env: &mut Env) {
+    pub fn release_slots(&self, flow: &mut Flow, env: &mut Env) {
         let slots = std::mem::take(&mut flow.slots);
         if slots.is_empty() {
             return;
@@ -261,7 +270,7 @@ impl Governor {
     }
 
     fn release_slot(&self, limit: usize, key: &str, slot: Slot, pool: usize, env: &mut Env) {
-        let epoch = inflight::epoch_of(env.now(), self.cfg.limits[limit].slot_lease_ms);
+        let epoch = inflight::epoch_of(env.now(), self.limits[limit].slot_lease_ms);
         let result = store::update(env.store, key, None, |cur| {
             let write = cur
                 .and_then(Slots::decode)
@@ -269,7 +278,7 @@ impl Governor {
             (write, ())
         });
         if let Err(e) = result {
-            self.store_failed(pool, key, &e, env);
+            keyspace::store_failed(pool, key, &e, env);
         }
     }
 
@@ -283,14 +292,14 @@ impl Governor {
 
     /// Give every reservation back in full: the provider answered an error of its own and
     /// counted nothing.
-    pub(crate) fn refund(&self, flow: &mut Flow, env: &mut Env) {
+    pub fn refund(&self, flow: &mut Flow, env: &mut Env) {
         self.settle(flow, None, env);
     }
 
     fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
         let now = env.now();
         for (i, key, reserved) in std::mem::take(&mut flow.charges) {
-            let tokens = match (usage, settle_of(&self.cfg.limits[i], flow)) {
+            let tokens = match (usage, settle_of(&self.limits[i], flow)) {
                 (None, _) => 0,
                 (Some(_), Settle::Reservation) if reserved > 0 => reserved,
                 (Some(used), _) => used,
@@ -298,7 +307,7 @@ impl Governor {
             if tokens == reserved {
                 continue;
             }
-            let shape = self.cfg.limits[i].shape();
+            let shape = self.limits[i].shape();
             let result = update_bucket(env, &key, None, shape, |b| {
                 let settled = if tokens >= reserved {
                     b.charge(shape, now, tokens - reserved)
@@ -308,7 +317,7 @@ impl Governor {
                 (Some(settled), ())
             });
             if let Err(e) = result {
-                self.store_failed(flow.pool, &key, &e, env);
+                keyspace::store_failed(flow.pool, &key, &e, env);
             }
         }
     }
@@ -358,4 +367,14 @@ fn update_bucket<T>(
         let (write, value) = step(b);
         (write.map(|b| b.encode().to_vec()), value)
     })
+}
+
+/// Does a limit of this kind hold a slot for the whole stream?
+pub(crate) fn holds_slot(kind: LimitKind) -> bool {
+    kind == LimitKind::InFlight
+}
+
+/// The in-flight gauge moves with slots taken and given back.
+pub(crate) fn in_flight_moved(env: &mut Env, pool: usize, delta: i64) {
+    env.metrics.add(pool, Gauge::InFlight, delta);
 }

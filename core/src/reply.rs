@@ -1,6 +1,11 @@
 //! What clients see: the governed headers, and the bodies of locally generated answers.
 
+use crate::admission::Blocked;
 use crate::classify::{Class, Dialect};
+use crate::env::Env;
+use crate::flow::Flow;
+use crate::metrics::{Counter, Histogram};
+use crate::policy::Governor;
 use crate::retry_after;
 
 /// Who answered.
@@ -210,4 +215,117 @@ fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
         }
     };
     value.to_string().into_bytes()
+}
+
+impl Governor {
+    /// The local answer for a request that cannot go now (and is not, or no longer, held).
+    pub fn reply_for(&self, flow: &Flow, blocked: &Blocked, env: &mut Env) -> LocalReply {
+        let ra = &self.cfg.retry_after;
+        let (class, source, delay, counter, fields) = match *blocked {
+            Blocked::Cooling {
+                class,
+                remaining_ms,
+            } => {
+                let rec = self.cooldown_record(flow, env);
+                let (period, spread, streak) =
+                    rec.map_or((0, 0, 0), |r| (r.period_ms, r.spread_ms, r.streak));
+                // After failed rounds (with `escalate`), clients wait the extra periods the
+                // upstream answers told them. The jitter is a fraction of the episode's period,
+                // not of what is left: clients answered late in a cooldown would otherwise all
+                // come back within a few milliseconds of the deadline and collide there.
+                let extra = self.stretch(streak) - 1;
+                let wait = remaining_ms.saturating_add(u64::from(period).saturating_mul(extra));
+                let delay = retry_after::told(wait, u64::from(spread), ra, env.rng);
+                (
+                    class,
+                    AnswerSource::Cooldown,
+                    delay,
+                    Counter::LocalRejectCooldown,
+                    None,
+                )
+            }
+            Blocked::Paced { retry_in_ms } => {
+                let delay = retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng);
+                (
+                    Class::RateLimited,
+                    AnswerSource::Cooldown,
+                    delay,
+                    Counter::LocalRejectCooldown,
+                    None,
+                )
+            }
+            Blocked::Bucket {
+                limit,
+                wait_ms,
+                remaining,
+            } => {
+                let l = &self.cfg.limits[limit];
+                let fields = LimitFields {
+                    name: l.name.clone(),
+                    quota: l.per_minute,
+                    window_s: 60,
+                    remaining,
+                    reset_s: wait_ms.div_ceil(1000),
+                };
+                (
+                    Class::RateLimited,
+                    AnswerSource::Limit,
+                    wait_ms.clamp(1, ra.max_ms),
+                    Counter::LocalRejectLimit,
+                    Some(fields),
+                )
+            }
+            // Told exactly the time left, without jitter: its clients are told not to retry.
+            Blocked::Quota { remaining_ms } => (
+                Class::QuotaExhausted,
+                AnswerSource::Cooldown,
+                retry_after::told(remaining_ms, 0, ra, env.rng),
+                Counter::LocalRejectQuota,
+                None,
+            ),
+            Blocked::TooLarge { limit, tokens } => {
+                return self.too_large(flow, limit, tokens, env);
+            }
+            Blocked::InFlight { .. } => {
+                // A slot frees when some stream ends, which no header foretells: the
+                // configured base delay, with jitter so the returning clients spread out.
+                let delay = retry_after::told(ra.default_ms, ra.default_ms, ra, env.rng);
+                (
+                    Class::RateLimited,
+                    AnswerSource::Limit,
+                    delay,
+                    Counter::LocalRejectLimit,
+                    None,
+                )
+            }
+        };
+        env.metrics.count(flow.pool, counter);
+        env.metrics
+            .histogram(flow.pool, Histogram::RetryAfterMs, delay);
+        let mut reply = local_reply(flow.dialect, class, source, delay, fields.as_ref());
+        if let Some(held) = flow.held_ms {
+            reply.held(held);
+        }
+        reply
+    }
+
+    /// A request whose reservation no bucket of this size can ever hold: refused at once, and
+    /// its client told not to retry (OpenAI answers "Request too large" the same way).
+    pub(crate) fn too_large(
+        &self,
+        flow: &Flow,
+        limit: usize,
+        tokens: u64,
+        env: &mut Env,
+    ) -> LocalReply {
+        let l = &self.cfg.limits[limit];
+        env.metrics.count(flow.pool, Counter::LocalRejectLimit);
+        let message = format!(
+            "llm_governor: this request reserves {tokens} tokens (estimated input plus its output \
+             limit) and local limit {:?} holds at most {}; it can never be admitted: lower \
+             max_tokens or shorten the prompt",
+            l.name, l.burst
+        );
+        too_large(flow.dialect, &l.name, l.per_minute, &message)
+    }
 }

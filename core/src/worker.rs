@@ -9,242 +9,23 @@
 
 use crate::classify;
 use crate::deadline;
+pub use crate::effects::{Action, Effect, Failure, Lent, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::headers::{Headers, WireHeaders};
+use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
-use crate::metrics::{Counter, GaugeCache, Metrics};
+use crate::metrics::{Counter, GaugeCache};
 use crate::policy::{Flow, Governor, RequestView, ResponseStep};
-use crate::reply::{self, LocalReply, HELD_MS_HEADER, STEERING_HEADER};
+use crate::reply::{self, HELD_MS_HEADER, STEERING_HEADER};
 use crate::retry_after::{Random, Xorshift};
-use crate::store::SharedStore;
+use crate::stream::{BodyCapability, BodyRead, Stream, Streams};
+pub use crate::stream::{
+    Stage, BODY_WAIT_MS, HEADERS_ONLY_FOR_MS, MAX_ERROR_BODY, REQUEST_BODY_WAIT_MS,
+};
 use crate::usage::UsageScanner;
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-
-/// Error bodies are small; past this much, classify from what arrived.
-pub const MAX_ERROR_BODY: usize = 16 * 1024;
-/// How long a paused response waits for its error body before it is classified without one.
-/// The first chunk of a request body read before admission must come as soon.
-pub const BODY_WAIT_MS: u64 = 1000;
-/// How long a local answer waits for the end of the request body before it is sent anyway (a
-/// slow upload then gets its answer early, on a connection Envoy closes); and how long a
-/// request whose body is read before admission waits for the rest once some arrived, before
-/// it is estimated from what came.
-pub const REQUEST_BODY_WAIT_MS: u64 = 10_000;
-/// After a body never came, how long to stop pausing for bodies (Envoy is evidently configured
-/// without `allow_on_headers_stop_iteration`), before trying again.
-pub const HEADERS_ONLY_FOR_MS: u64 = 60_000;
-
-/// What the host lends a call: its shared store, its stats sink, its clock (read only if the
-/// answer needs the time, once per call) and access to the streams' buffers.
-pub struct Lent<'a> {
-    pub store: &'a dyn SharedStore,
-    pub metrics: &'a mut dyn Metrics,
-    pub clock: &'a dyn Fn() -> u64,
-    pub io: &'a mut dyn StreamIo,
-}
-
-/// Reading what Envoy buffers for a stream (the current one, or in a tick any paused one).
-pub trait StreamIo {
-    /// Up to `max` bytes of the request body buffered for stream `id` (empty if none).
-    fn request_body(&mut self, id: u32, max: usize) -> Vec<u8>;
-    /// Up to `max` bytes of the response body buffered for stream `id` (empty if none).
-    fn response_body(&mut self, id: u32, max: usize) -> Vec<u8>;
-    /// Whether stream `id`'s response came from the upstream rather than from Envoy itself
-    /// (a reset, a timeout, no healthy host). When unknown: true.
-    fn answered_by_upstream(&mut self, id: u32) -> bool;
-}
-
-/// What the host does for a stream, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Effect {
-    /// Remove the client-sent steering header (only the policy picks a pool). If that fails,
-    /// tell `Worker::failed` (`Failure::Strip`).
-    StripSteeringHeader,
-    /// Name the pool the request was steered to in its headers, so the router selects that
-    /// pool's route (before it goes on: a paused request's headers are released on resume).
-    Steer(String),
-    /// Set these response headers.
-    SetResponseHeaders(Vec<(&'static str, String)>),
-    /// Record these access-log fields (filter-state key, value).
-    AccessLog(Vec<(&'static str, String)>),
-    /// Drop the request body buffered so far (`n` bytes): the request will never go upstream,
-    /// and Envoy's buffer limit (which would answer 413) must not be reached by a large prompt.
-    DropRequestBody(usize),
-    /// Answer locally. If that fails, tell `Worker::failed` (`Failure::Reply`).
-    SendReply(LocalReply),
-    /// Let the paused request go on (after a tick). If that fails, tell `Worker::failed`
-    /// (`Failure::Resume`).
-    ResumeRequest,
-    /// Let the paused response go on (after a tick).
-    ResumeResponse,
-}
-
-impl Effect {
-    /// The failure `Worker::failed` must hear of when the host cannot apply this effect (the
-    /// others are only logged).
-    pub fn failure(&self) -> Option<Failure> {
-        match self {
-            Effect::StripSteeringHeader => Some(Failure::Strip),
-            Effect::SendReply(_) => Some(Failure::Reply),
-            Effect::ResumeRequest => Some(Failure::Resume),
-            _ => None,
-        }
-    }
-
-    /// What the effect does, for a host's log line when it fails.
-    pub fn what(&self) -> &'static str {
-        match self {
-            Effect::StripSteeringHeader => {
-                "removing a client-sent steering header (the request is refused)"
-            }
-            Effect::Steer(_) => "naming the pool a request was steered to",
-            Effect::SetResponseHeaders(_) => "setting response headers",
-            Effect::AccessLog(_) => "recording access-log fields",
-            Effect::DropRequestBody(_) => "dropping a request body",
-            Effect::SendReply(_) => "sending a local answer (the request goes on)",
-            Effect::ResumeRequest => "resuming a request",
-            Effect::ResumeResponse => "resuming a response",
-        }
-    }
-}
-
-/// Whether the callback's direction goes on now or stays paused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Continue,
-    Pause,
-}
-
-/// What a callback (or a tick, for one stream) asks of the host: the effects, in order, then the
-/// action. A tick's reactions resume streams by effects and always say `Pause`; only
-/// `Worker::failed` may answer a tick's failed reply with `Continue`: resume the request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reaction {
-    pub effects: Vec<Effect>,
-    pub action: Action,
-}
-
-impl Reaction {
-    fn new(effects: Vec<Effect>, action: Action) -> Reaction {
-        Reaction { effects, action }
-    }
-
-    fn go_on() -> Reaction {
-        Reaction::new(Vec::new(), Action::Continue)
-    }
-}
-
-/// An effect the host could not apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// The client-sent steering header could not be removed.
-    Strip,
-    /// The local answer could not be sent.
-    Reply,
-    /// The paused request could not be resumed (the stream is gone).
-    Resume,
-}
-
-/// Where one stream is: what it waits for, and what it carries to its next callback.
-#[derive(Debug)]
-enum Stream {
-    /// Its body is read before admission (a limit reserves tokens or keys by model).
-    ReadingBody(BodyRead),
-    /// Held in `Holds`; whether its request body has ended.
-    Held { body_ended: bool },
-    /// A local answer waits for the end of the request body: answering before the body is
-    /// read makes Envoy close an HTTP/1.1 connection, and every local 429 would then cost the
-    /// client a new connection (and TLS handshake).
-    ReplyPending { reply: LocalReply, until_ms: u64 },
-    /// It went upstream with this flow; a scanner reads the usage of a success that charges.
-    Upstream {
-        flow: Flow,
-        usage: Option<UsageScanner>,
-    },
-    /// An upstream error response waits for its body to be classified; `arrived` is what of
-    /// it body callbacks delivered so far.
-    AwaitingErrorBody {
-        flow: Flow,
-        status: u16,
-        headers: WireHeaders,
-        until_ms: u64,
-        arrived: Vec<u8>,
-    },
-}
-
-impl Stream {
-    /// When its wait is overdue, for the states that wait on time.
-    fn until_ms(&self) -> Option<u64> {
-        match self {
-            Stream::ReadingBody(read) => Some(read.until_ms),
-            Stream::ReplyPending { until_ms, .. } | Stream::AwaitingErrorBody { until_ms, .. } => {
-                Some(*until_ms)
-            }
-            Stream::Held { .. } | Stream::Upstream { .. } => None,
-        }
-    }
-}
-
-/// A request paused for its body: its flow, hold budget and declared length, and whether any
-/// of the body has reached the filter (until then it waits `BODY_WAIT_MS`: without
-/// `allow_on_headers_stop_iteration` Envoy delivers none).
-#[derive(Debug)]
-struct BodyRead {
-    flow: Flow,
-    budget_ms: u64,
-    content_length: usize,
-    until_ms: u64,
-    seen: bool,
-}
-
-/// Whether Envoy delivers body callbacks after a paused headers callback (it does not without
-/// `allow_on_headers_stop_iteration`). Assumed until a body that was waited for never came;
-/// then, for `HEADERS_ONLY_FOR_MS`, nothing waits for a body. Once a paused stream has had a
-/// body callback, the capability is proven: a body that is late afterwards is that stream's
-/// slowness, and changes how no other stream is read.
-#[derive(Default)]
-struct BodyCapability {
-    headers_only_until: u64,
-    proven: bool,
-    warned: bool,
-}
-
-impl BodyCapability {
-    fn expected(&self, now: impl FnOnce() -> u64) -> bool {
-        self.headers_only_until == 0 || now() >= self.headers_only_until
-    }
-
-    /// A paused stream had a body callback.
-    fn seen(&mut self) {
-        self.proven = true;
-        self.headers_only_until = 0;
-    }
-}
-
-/// Context ids are small integers handed out in order: a multiply spreads them.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        let h = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 29);
-    }
-}
-
-type Streams = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 
 /// One worker's state: its streams, holds, waits' deadlines, leases, randomness and gauge cache.
 /// The `Governor` (configuration) is shared by every worker.
@@ -258,18 +39,6 @@ pub struct Worker {
     leases: Leases,
     rng: Box<dyn Random + Send>,
     gauges: GaugeCache,
-}
-
-/// Where a stream is, as a value a test or a log line can show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    ReadingBody,
-    Held,
-    ReplyPending,
-    Upstream,
-    AwaitingErrorBody,
-    /// Not tracked: answered locally, ended, or never governed.
-    Done,
 }
 
 /// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the

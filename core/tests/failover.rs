@@ -8,7 +8,6 @@ mod common;
 use common::Step;
 use common::{flows, go, header, Host};
 use llm_governor_core::config;
-use llm_governor_core::keys;
 use llm_governor_core::metrics::{Counter, Gauge};
 
 const CFG: &str = r#"{"pools": [

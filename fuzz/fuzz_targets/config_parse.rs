@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(cfg.limits[..i].iter().all(|o| o.name != l.name), "{l:?}");
             }
             assert!(cfg.max_keys >= 1);
-            let _ = Governor::new(cfg);
+            let _ = Governor::new(cfg, llm_governor_core::keys::HashKey::from_words(1, 2));
         }
         Err(e) => assert!(!e.to_string().is_empty()),
     }

@@ -99,7 +99,7 @@ pub struct Host {
 pub const T0: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
 
 /// The key of the tests' ids (a host's is secret: the environment's or an Envoy-wide random one).
-pub const TEST_KEY: (u64, u64) = (0x7465_7374, 0x6b65_79);
+pub const TEST_KEY: (u64, u64) = (0x7465_7374, 0x006b_6579);
 
 pub fn test_key() -> HashKey {
     HashKey::from_words(TEST_KEY.0, TEST_KEY.1)

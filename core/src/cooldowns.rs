@@ -1,0 +1,150 @@
+//! The store-backed side of `cooldown` for one (pool, account): read the record, pass its gate,
+//! merge an answer into it.
+
+use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
+use crate::env::Env;
+use crate::flow::Flow;
+use crate::keys;
+use crate::keyspace;
+use crate::policy::Governor;
+use crate::store::{self};
+
+impl Governor {
+    pub(crate) fn cooldown_key(&self, flow: &Flow) -> String {
+        keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account)
+    }
+
+    pub(crate) fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
+        let (bytes, _) = env.store.get(&self.cooldown_key(flow)).ok().flatten()?;
+        CooldownRecord::decode(&bytes)
+    }
+
+    /// The cooldown gate: read the record (one copy, the common case writes nothing) and take
+    /// a release of the pace when pacing.
+    pub(crate) fn pass_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Gate {
+        let key = self.cooldown_key(flow);
+        let known = match env.store.get(&key) {
+            Ok(Some(v)) => v,
+            _ => return Gate::Open,
+        };
+        let paced = self.cfg.hold.enabled();
+        let now = env.now();
+        let result = store::update_from(env.store, &key, Some(known), None, |cur| {
+            match cur.and_then(CooldownRecord::decode) {
+                Some(rec) => {
+                    let (gate, write) = cooldown::pass(rec, now, paced);
+                    (write.map(|r| r.encode().to_vec()), (gate, rec.streak))
+                }
+                None => (None, (Gate::Open, 0)),
+            }
+        });
+        match result {
+            Ok(u) => {
+                let (gate, streak) = u.value;
+                flow.streak = streak;
+                flow.released = gate == Gate::Released;
+                gate
+            }
+            Err(e) => {
+                keyspace::store_failed(flow.pool, &key, &e, env);
+                Gate::Open
+            }
+        }
+    }
+
+    /// A later gate refused after the pace released this request: give the release back.
+    pub(crate) fn give_back_release(&self, flow: &mut Flow, env: &mut Env) {
+        if !std::mem::take(&mut flow.released) {
+            return;
+        }
+        let key = self.cooldown_key(flow);
+        let result = store::update(env.store, &key, None, |cur| {
+            let write = cur
+                .and_then(CooldownRecord::decode)
+                .map(|r| cooldown::unpass(r).encode().to_vec());
+            (write, ())
+        });
+        if let Err(e) = result {
+            keyspace::store_failed(flow.pool, &key, &e, env);
+        }
+    }
+
+    /// Consecutive rounds that ended in "not now", counting this answer. Answers that arrive
+    /// while a cooldown is running belong to its round; one that arrives after it ended, with
+    /// no success since, starts the next round.
+    pub(crate) fn failed_rounds(&self, flow: &Flow, env: &Env) -> u8 {
+        match self.cooldown_record(flow, env) {
+            Some(r) if r.deadline_ms > env.now() => r.streak.max(1),
+            Some(r) => r.streak.saturating_add(1),
+            None => 1,
+        }
+    }
+
+    /// How many provider periods clients are told to wait after `rounds` failed rounds.
+    pub(crate) fn stretch(&self, rounds: u8) -> u64 {
+        if self.cfg.retry_after.escalate {
+            1u64 << u32::from(rounds.saturating_sub(1).min(10))
+        } else {
+            1
+        }
+    }
+
+    /// Report a non-success answer (or none) of a released request to the pace.
+    pub(crate) fn answer_pace(&self, flow: &mut Flow, answer: Answer, env: &mut Env) {
+        if !flow.released {
+            return;
+        }
+        let key = self.cooldown_key(flow);
+        let result = store::update(env.store, &key, None, |cur| {
+            let write = cur
+                .and_then(CooldownRecord::decode)
+                .map(|r| cooldown::answered(r, answer, true).encode().to_vec());
+            (write, ())
+        });
+        flow.released = false;
+        if let Err(e) = result {
+            keyspace::store_failed(flow.pool, &key, &e, env);
+        }
+    }
+
+    /// Merge an answer into the flow's (pool, account) record: the cooldown it asks for (if
+    /// any), the streak, and what it means for the pace. Returns whether it started or moved
+    /// a cooldown deadline.
+    pub(crate) fn cool(
+        &self,
+        flow: &mut Flow,
+        wanted: Option<Wanted>,
+        streak: u8,
+        answer: Answer,
+        env: &mut Env,
+    ) -> bool {
+        let released = std::mem::take(&mut flow.released);
+        let key = self.cooldown_key(flow);
+        if !keyspace::key_exists_or_admit(
+            self.cfg.max_keys,
+            &key,
+            keys::COOLDOWN_KEY_COUNT,
+            flow.pool,
+            env,
+        ) {
+            return false;
+        }
+        let now = env.now();
+        let jitter = self.cfg.retry_after.jitter;
+        let result = store::update(env.store, &key, None, |cur| {
+            let old = cur.and_then(CooldownRecord::decode);
+            let merged = cooldown::merge(old, wanted, streak, now, jitter);
+            let next = cooldown::answered(merged, answer, released);
+            let moved = old.map_or(0, |o| o.deadline_ms) != next.deadline_ms;
+            let write = (old != Some(next)).then(|| next.encode().to_vec());
+            (write, moved)
+        });
+        match result {
+            Ok(u) => u.value,
+            Err(e) => {
+                keyspace::store_failed(flow.pool, &key, &e, env);
+                false
+            }
+        }
+    }
+}
