@@ -7,6 +7,8 @@
 
 /// Units per token.
 const UNIT: i64 = 3_000_000;
+use crate::store::{Reader, Writer};
+
 pub const ENCODED_LEN: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,17 +45,19 @@ impl Bucket {
     }
 
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
-        let mut out = [0u8; ENCODED_LEN];
-        out[..8].copy_from_slice(&self.level.to_le_bytes());
-        out[8..].copy_from_slice(&self.updated_ms.to_le_bytes());
-        out
+        Writer::default()
+            .i64(self.level)
+            .u64(self.updated_ms)
+            .done()
     }
 
     /// None for bytes of the wrong length: a value this code did not write is not trusted.
     pub fn decode(bytes: &[u8]) -> Option<Bucket> {
-        let level = i64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
-        let updated_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
-        (bytes.len() == ENCODED_LEN).then_some(Bucket { level, updated_ms })
+        let mut r = Reader::exact(bytes, ENCODED_LEN)?;
+        Some(Bucket {
+            level: r.i64()?,
+            updated_ms: r.u64()?,
+        })
     }
 
     /// Bring the level up to `now_ms`. A clock that went backwards refills nothing.
@@ -147,6 +151,16 @@ fn wait_for(shape: Shape, deficit: i64) -> u64 {
         return 0;
     }
     u64::try_from(deficit.saturating_add(rate - 1) / rate).unwrap_or(u64::MAX)
+}
+
+impl crate::store::Record for Bucket {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.encode().to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Bucket> {
+        Bucket::decode(bytes)
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! cools again and the credits are gone. Pacing ends once the provider plainly has room.
 
 use crate::classify::Class;
+use crate::store::{Reader, Writer};
 
 /// How long a released request may go unanswered before another one is let through: rate
 /// limiters answer at once, so a request unanswered this long was accepted (it is generating),
@@ -71,39 +72,43 @@ impl CooldownRecord {
     }
 
     pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[..8].copy_from_slice(&self.deadline_ms.to_le_bytes());
-        out[8..12].copy_from_slice(&self.period_ms.to_le_bytes());
-        out[12..16].copy_from_slice(&self.spread_ms.to_le_bytes());
-        out[16] = self.class.to_byte();
-        out[17] = self.streak;
-        out[18] = u8::from(self.pace.active) | u8::from(self.pace.ignore_remaining) << 1;
-        out[19..21].copy_from_slice(&self.pace.credits.to_le_bytes());
-        out[21..23].copy_from_slice(&self.pace.out.to_le_bytes());
-        out[23..31].copy_from_slice(&self.pace.last_release_ms.to_le_bytes());
-        out[31..39].copy_from_slice(&self.burst_end_ms.to_le_bytes());
-        out
+        let pace = &self.pace;
+        Writer::default()
+            .u64(self.deadline_ms)
+            .u32(self.period_ms)
+            .u32(self.spread_ms)
+            .u8(self.class.to_byte())
+            .u8(self.streak)
+            .u8(u8::from(pace.active) | u8::from(pace.ignore_remaining) << 1)
+            .u16(pace.credits)
+            .u16(pace.out)
+            .u64(pace.last_release_ms)
+            .u64(self.burst_end_ms)
+            .done()
     }
 
     /// None for bytes this code did not write.
     pub fn decode(b: &[u8]) -> Option<CooldownRecord> {
-        if b.len() != Self::LEN || b[18] > 3 {
+        let mut r = Reader::exact(b, Self::LEN)?;
+        let (deadline_ms, period_ms, spread_ms) = (r.u64()?, r.u32()?, r.u32()?);
+        let (class, streak, flags) = (Class::from_byte(r.u8()?)?, r.u8()?, r.u8()?);
+        if flags > 3 {
             return None;
         }
         Some(CooldownRecord {
-            deadline_ms: u64::from_le_bytes(b[..8].try_into().ok()?),
-            period_ms: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            spread_ms: u32::from_le_bytes(b[12..16].try_into().ok()?),
-            class: Class::from_byte(b[16])?,
-            streak: b[17],
+            deadline_ms,
+            period_ms,
+            spread_ms,
+            class,
+            streak,
             pace: Pace {
-                active: b[18] & 1 == 1,
-                ignore_remaining: b[18] & 2 == 2,
-                credits: u16::from_le_bytes(b[19..21].try_into().ok()?),
-                out: u16::from_le_bytes(b[21..23].try_into().ok()?),
-                last_release_ms: u64::from_le_bytes(b[23..31].try_into().ok()?),
+                active: flags & 1 == 1,
+                ignore_remaining: flags & 2 == 2,
+                credits: r.u16()?,
+                out: r.u16()?,
+                last_release_ms: r.u64()?,
             },
-            burst_end_ms: u64::from_le_bytes(b[31..39].try_into().ok()?),
+            burst_end_ms: r.u64()?,
         })
     }
 
@@ -309,4 +314,14 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> Cooldown
         Answer::Other => {}
     }
     CooldownRecord { pace: p, ..rec }
+}
+
+impl crate::store::Record for CooldownRecord {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.encode().to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<CooldownRecord> {
+        CooldownRecord::decode(bytes)
+    }
 }

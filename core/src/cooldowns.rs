@@ -7,7 +7,6 @@ use crate::flow::Flow;
 use crate::keys;
 use crate::keyspace;
 use crate::policy::Governor;
-use crate::store::{self};
 
 impl Governor {
     pub(crate) fn cooldown_key(&self, flow: &Flow) -> String {
@@ -29,27 +28,19 @@ impl Governor {
         };
         let paced = self.cfg.hold.enabled();
         let now = env.now();
-        let result = store::update_from(env.store, &key, Some(known), None, |cur| {
-            match cur.and_then(CooldownRecord::decode) {
-                Some(rec) => {
-                    let (gate, write) = cooldown::pass(rec, now, paced);
-                    (write.map(|r| r.encode().to_vec()), (gate, rec.streak))
-                }
-                None => (None, (Gate::Open, 0)),
+        let result = keyspace::modify(env, flow.pool, &key, Some(known), None, |cur| match cur {
+            Some(rec) => {
+                let (gate, write) = cooldown::pass(rec, now, paced);
+                (write, (gate, rec.streak))
             }
+            None => (None, (Gate::Open, 0)),
         });
-        match result {
-            Ok(u) => {
-                let (gate, streak) = u.value;
-                flow.streak = streak;
-                flow.released = gate == Gate::Released;
-                gate
-            }
-            Err(e) => {
-                keyspace::store_failed(flow.pool, &key, &e, env);
-                Gate::Open
-            }
-        }
+        let Some((gate, streak)) = result else {
+            return Gate::Open;
+        };
+        flow.streak = streak;
+        flow.released = gate == Gate::Released;
+        gate
     }
 
     /// A later gate refused after the pace released this request: give the release back.
@@ -58,15 +49,9 @@ impl Governor {
             return;
         }
         let key = self.cooldown_key(flow);
-        let result = store::update(env.store, &key, None, |cur| {
-            let write = cur
-                .and_then(CooldownRecord::decode)
-                .map(|r| cooldown::unpass(r).encode().to_vec());
-            (write, ())
+        keyspace::modify(env, flow.pool, &key, None, None, |cur| {
+            (cur.map(cooldown::unpass), ())
         });
-        if let Err(e) = result {
-            keyspace::store_failed(flow.pool, &key, &e, env);
-        }
     }
 
     /// Consecutive rounds that ended in "not now", counting this answer. Answers that arrive
@@ -95,16 +80,10 @@ impl Governor {
             return;
         }
         let key = self.cooldown_key(flow);
-        let result = store::update(env.store, &key, None, |cur| {
-            let write = cur
-                .and_then(CooldownRecord::decode)
-                .map(|r| cooldown::answered(r, answer, true).encode().to_vec());
-            (write, ())
-        });
         flow.released = false;
-        if let Err(e) = result {
-            keyspace::store_failed(flow.pool, &key, &e, env);
-        }
+        keyspace::modify(env, flow.pool, &key, None, None, |cur| {
+            (cur.map(|r| cooldown::answered(r, answer, true)), ())
+        });
     }
 
     /// Merge an answer into the flow's (pool, account) record: the cooldown it asks for (if
@@ -131,20 +110,12 @@ impl Governor {
         }
         let now = env.now();
         let jitter = self.cfg.retry_after.jitter;
-        let result = store::update(env.store, &key, None, |cur| {
-            let old = cur.and_then(CooldownRecord::decode);
+        let moved = keyspace::modify(env, flow.pool, &key, None, None, |old| {
             let merged = cooldown::merge(old, wanted, streak, now, jitter);
             let next = cooldown::answered(merged, answer, released);
             let moved = old.map_or(0, |o| o.deadline_ms) != next.deadline_ms;
-            let write = (old != Some(next)).then(|| next.encode().to_vec());
-            (write, moved)
+            ((old != Some(next)).then_some(next), moved)
         });
-        match result {
-            Ok(u) => u.value,
-            Err(e) => {
-                keyspace::store_failed(flow.pool, &key, &e, env);
-                false
-            }
-        }
+        moved.unwrap_or(false)
     }
 }

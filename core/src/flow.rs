@@ -54,15 +54,34 @@ pub struct Flow {
     pub limit_keys: Vec<u64>,
     /// Token buckets to settle with the response's usage: (limit index, shared-data key,
     /// tokens reserved before forwarding; 0 when the budget is charged after the response).
-    pub charges: Vec<(usize, String, u64)>,
+    pub charges: Vec<Charge>,
     /// `max_in_flight` slots this request holds until its stream ends.
-    pub slots: Vec<(usize, String, Slot)>,
+    pub slots: Vec<HeldSlot>,
     /// It took a release of the pace after a cooldown; its answer is owed to the pace.
     pub released: bool,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
+}
+
+/// A token budget a request is charged to when its stream ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Charge {
+    /// The limit's index in the configuration.
+    pub limit: usize,
+    /// The bucket's shared-data key.
+    pub key: String,
+    /// Tokens reserved before forwarding; 0 when the budget is charged after the response.
+    pub reserved: u64,
+}
+
+/// A `max_in_flight` slot a request holds until its stream ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldSlot {
+    pub limit: usize,
+    pub key: String,
+    pub slot: Slot,
 }
 
 impl Flow {
@@ -73,7 +92,7 @@ impl Flow {
 
     /// Whether it holds a token reservation to settle.
     pub fn reserves(&self) -> bool {
-        self.charges.iter().any(|(_, _, reserved)| *reserved > 0)
+        self.charges.iter().any(|c| c.reserved > 0)
     }
 }
 

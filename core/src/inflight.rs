@@ -9,6 +9,8 @@
 //! end then gives nothing back), which is why the lease should exceed the longest stream.
 
 pub const EPOCHS: usize = 4;
+use crate::store::{Reader, Writer};
+
 pub const ENCODED_LEN: usize = 8 + 4 * EPOCHS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -30,26 +32,19 @@ pub fn epoch_of(now_ms: u64, lease_ms: u64) -> u64 {
 
 impl Slots {
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
-        let mut out = [0u8; ENCODED_LEN];
-        out[..8].copy_from_slice(&self.newest.to_le_bytes());
-        for (i, c) in self.counts.iter().enumerate() {
-            out[8 + 4 * i..12 + 4 * i].copy_from_slice(&c.to_le_bytes());
-        }
-        out
+        let w = Writer::default().u64(self.newest);
+        self.counts.iter().fold(w, |w, c| w.u32(*c)).done()
     }
 
+    /// None for bytes this code did not write (a wrong length).
     pub fn decode(b: &[u8]) -> Option<Slots> {
-        if b.len() != ENCODED_LEN {
-            return None;
-        }
+        let mut r = Reader::exact(b, ENCODED_LEN)?;
+        let newest = r.u64()?;
         let mut counts = [0u32; EPOCHS];
-        for (i, c) in counts.iter_mut().enumerate() {
-            *c = u32::from_le_bytes(b[8 + 4 * i..12 + 4 * i].try_into().ok()?);
+        for c in &mut counts {
+            *c = r.u32()?;
         }
-        Some(Slots {
-            newest: u64::from_le_bytes(b[..8].try_into().ok()?),
-            counts,
-        })
+        Some(Slots { newest, counts })
     }
 
     /// The counts as of `epoch`: epochs that left the ring are dropped (their slots reclaimed).
@@ -100,6 +95,16 @@ impl Slots {
             }
         }
         s
+    }
+}
+
+impl crate::store::Record for Slots {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.encode().to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Slots> {
+        Slots::decode(bytes)
     }
 }
 

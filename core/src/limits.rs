@@ -8,8 +8,8 @@ use crate::classify::Dialect;
 use crate::config::Limit;
 use crate::config::{LimitKind, Settle};
 use crate::env::Env;
-use crate::flow::Flow;
-use crate::inflight::{self, Slot, Slots};
+use crate::flow::{Charge, Flow, HeldSlot};
+use crate::inflight::{self, Slots};
 use crate::keys;
 use crate::keyspace;
 use crate::lease;
@@ -132,16 +132,19 @@ impl<'a> Limits<'a> {
                 LimitKind::InFlight => {
                     let epoch = inflight::epoch_of(now, limit.slot_lease_ms);
                     let cap = limit.per_minute;
-                    store::update_from(env.store, &key, known, None, |cur| {
-                        let s = cur.and_then(Slots::decode).unwrap_or_default();
-                        match s.acquire(epoch, cap) {
-                            Some((after, slot)) => (Some(after.encode().to_vec()), Some(slot)),
+                    store::modify(env.store, &key, known, None, |s: Option<Slots>| {
+                        match s.unwrap_or_default().acquire(epoch, cap) {
+                            Some((after, slot)) => (Some(after), Some(slot)),
                             None => (None, None),
                         }
                     })
                     .map(|u| match u.value {
                         Some(slot) => {
-                            slots.push((i, key.clone(), slot));
+                            slots.push(HeldSlot {
+                                limit: i,
+                                key: key.clone(),
+                                slot,
+                            });
                             Ok(())
                         }
                         None => Err(Blocked::InFlight { limit: i }),
@@ -178,7 +181,11 @@ impl<'a> Limits<'a> {
                 });
             }
             if limit.kind == LimitKind::Tokens {
-                charges.push((i, key, taken_amount));
+                charges.push(Charge {
+                    limit: i,
+                    key,
+                    reserved: taken_amount,
+                });
             }
         }
         if !slots.is_empty() {
@@ -230,13 +237,7 @@ impl<'a> Limits<'a> {
         }
     }
 
-    fn give_back(
-        &self,
-        taken: Vec<Taken>,
-        slots: &mut Vec<(usize, String, Slot)>,
-        pool: usize,
-        env: &mut Env,
-    ) {
+    fn give_back(&self, taken: Vec<Taken>, slots: &mut Vec<HeldSlot>, pool: usize, env: &mut Env) {
         for t in taken {
             if let Some(key_id) = t.leased {
                 env.leases.give((t.limit, key_id));
@@ -251,8 +252,8 @@ impl<'a> Limits<'a> {
                 keyspace::store_failed(pool, &key, &e, env);
             }
         }
-        for (i, key, slot) in slots.drain(..) {
-            self.release_slot(i, &key, slot, pool, env);
+        for s in slots.drain(..) {
+            self.release_slot(&s, pool, env);
         }
     }
 
@@ -263,23 +264,17 @@ impl<'a> Limits<'a> {
             return;
         }
         let n = slots.len() as i64;
-        for (i, key, slot) in slots {
-            self.release_slot(i, &key, slot, flow.pool, env);
+        for s in &slots {
+            self.release_slot(s, flow.pool, env);
         }
         in_flight_moved(env, flow.pool, -n);
     }
 
-    fn release_slot(&self, limit: usize, key: &str, slot: Slot, pool: usize, env: &mut Env) {
-        let epoch = inflight::epoch_of(env.now(), self.limits[limit].slot_lease_ms);
-        let result = store::update(env.store, key, None, |cur| {
-            let write = cur
-                .and_then(Slots::decode)
-                .map(|s| s.release(slot, epoch).encode().to_vec());
-            (write, ())
+    fn release_slot(&self, held: &HeldSlot, pool: usize, env: &mut Env) {
+        let epoch = inflight::epoch_of(env.now(), self.limits[held.limit].slot_lease_ms);
+        keyspace::modify(env, pool, &held.key, None, None, |s: Option<Slots>| {
+            (s.map(|s| s.release(held.slot, epoch)), ())
         });
-        if let Err(e) = result {
-            keyspace::store_failed(pool, key, &e, env);
-        }
     }
 
     /// Settle the flow's token budgets with the tokens its response used: a reservation is
@@ -298,7 +293,12 @@ impl<'a> Limits<'a> {
 
     fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
         let now = env.now();
-        for (i, key, reserved) in std::mem::take(&mut flow.charges) {
+        for Charge {
+            limit: i,
+            key,
+            reserved,
+        } in std::mem::take(&mut flow.charges)
+        {
             let tokens = match (usage, settle_of(&self.limits[i], flow)) {
                 (None, _) => 0,
                 (Some(_), Settle::Reservation) if reserved > 0 => reserved,
@@ -359,13 +359,9 @@ fn update_bucket<T>(
     mut step: impl FnMut(Bucket) -> (Option<Bucket>, T),
 ) -> Result<store::Updated<T>, UpdateError> {
     let now = env.now();
-    let init = Bucket::full(shape, now).encode();
-    store::update_from(env.store, key, known, Some(&init), |cur| {
-        let b = cur
-            .and_then(Bucket::decode)
-            .unwrap_or_else(|| Bucket::full(shape, now));
-        let (write, value) = step(b);
-        (write.map(|b| b.encode().to_vec()), value)
+    let full = Bucket::full(shape, now);
+    store::modify(env.store, key, known, Some(&full), |b: Option<Bucket>| {
+        step(b.unwrap_or(full))
     })
 }
 

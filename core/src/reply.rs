@@ -66,6 +66,40 @@ pub struct LimitFields {
     pub reset_s: u64,
 }
 
+/// What a local answer says before it is written out: its class and source, the delay it
+/// tells, the counter it counts under and, for an empty bucket, its rate-limit fields.
+struct LocalAnswer {
+    class: Class,
+    source: AnswerSource,
+    delay_ms: u64,
+    counter: Counter,
+    fields: Option<LimitFields>,
+}
+
+impl LocalAnswer {
+    /// The provider is cooling (or pacing) the (pool, account).
+    fn cooldown(class: Class, delay_ms: u64) -> LocalAnswer {
+        LocalAnswer {
+            class,
+            source: AnswerSource::Cooldown,
+            delay_ms,
+            counter: Counter::LocalRejectCooldown,
+            fields: None,
+        }
+    }
+
+    /// A local limit is empty or full.
+    fn limit(delay_ms: u64, fields: Option<LimitFields>) -> LocalAnswer {
+        LocalAnswer {
+            class: Class::RateLimited,
+            source: AnswerSource::Limit,
+            delay_ms,
+            counter: Counter::LocalRejectLimit,
+            fields,
+        }
+    }
+}
+
 /// A locally generated answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalReply {
@@ -221,7 +255,7 @@ impl Governor {
     /// The local answer for a request that cannot go now (and is not, or no longer, held).
     pub fn reply_for(&self, flow: &Flow, blocked: &Blocked, env: &mut Env) -> LocalReply {
         let ra = &self.cfg.retry_after;
-        let (class, source, delay, counter, fields) = match *blocked {
+        let answer = match *blocked {
             Blocked::Cooling {
                 class,
                 remaining_ms,
@@ -235,25 +269,15 @@ impl Governor {
                 // come back within a few milliseconds of the deadline and collide there.
                 let extra = self.stretch(streak) - 1;
                 let wait = remaining_ms.saturating_add(u64::from(period).saturating_mul(extra));
-                let delay = retry_after::told(wait, u64::from(spread), ra, env.rng);
-                (
+                LocalAnswer::cooldown(
                     class,
-                    AnswerSource::Cooldown,
-                    delay,
-                    Counter::LocalRejectCooldown,
-                    None,
+                    retry_after::told(wait, u64::from(spread), ra, env.rng),
                 )
             }
-            Blocked::Paced { retry_in_ms } => {
-                let delay = retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng);
-                (
-                    Class::RateLimited,
-                    AnswerSource::Cooldown,
-                    delay,
-                    Counter::LocalRejectCooldown,
-                    None,
-                )
-            }
+            Blocked::Paced { retry_in_ms } => LocalAnswer::cooldown(
+                Class::RateLimited,
+                retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng),
+            ),
             Blocked::Bucket {
                 limit,
                 wait_ms,
@@ -267,38 +291,33 @@ impl Governor {
                     remaining,
                     reset_s: wait_ms.div_ceil(1000),
                 };
-                (
-                    Class::RateLimited,
-                    AnswerSource::Limit,
-                    wait_ms.clamp(1, ra.max_ms),
-                    Counter::LocalRejectLimit,
-                    Some(fields),
-                )
+                LocalAnswer::limit(wait_ms.clamp(1, ra.max_ms), Some(fields))
             }
             // Told exactly the time left, without jitter: its clients are told not to retry.
-            Blocked::Quota { remaining_ms } => (
-                Class::QuotaExhausted,
-                AnswerSource::Cooldown,
-                retry_after::told(remaining_ms, 0, ra, env.rng),
-                Counter::LocalRejectQuota,
-                None,
-            ),
+            Blocked::Quota { remaining_ms } => LocalAnswer {
+                counter: Counter::LocalRejectQuota,
+                ..LocalAnswer::cooldown(
+                    Class::QuotaExhausted,
+                    retry_after::told(remaining_ms, 0, ra, env.rng),
+                )
+            },
             Blocked::TooLarge { limit, tokens } => {
                 return self.too_large(flow, limit, tokens, env);
             }
-            Blocked::InFlight { .. } => {
-                // A slot frees when some stream ends, which no header foretells: the
-                // configured base delay, with jitter so the returning clients spread out.
-                let delay = retry_after::told(ra.default_ms, ra.default_ms, ra, env.rng);
-                (
-                    Class::RateLimited,
-                    AnswerSource::Limit,
-                    delay,
-                    Counter::LocalRejectLimit,
-                    None,
-                )
-            }
+            // A slot frees when some stream ends, which no header foretells: the configured
+            // base delay, with jitter so the returning clients spread out.
+            Blocked::InFlight { .. } => LocalAnswer::limit(
+                retry_after::told(ra.default_ms, ra.default_ms, ra, env.rng),
+                None,
+            ),
         };
+        let LocalAnswer {
+            class,
+            source,
+            delay_ms: delay,
+            counter,
+            fields,
+        } = answer;
         env.metrics.count(flow.pool, counter);
         env.metrics
             .histogram(flow.pool, Histogram::RetryAfterMs, delay);

@@ -66,6 +66,119 @@ pub fn update<T>(
     update_from(store, key, None, init, step)
 }
 
+/// A fixed-width value kept under one key (little-endian fields at fixed offsets, documented
+/// by each record). Bytes that are not one (a wrong length) read as none.
+pub trait Record: Sized {
+    fn to_bytes(&self) -> Vec<u8>;
+    fn from_bytes(bytes: &[u8]) -> Option<Self>;
+}
+
+/// `update_from` over a typed record: `step` sees the record (None when the key is missing or
+/// holds no such record) and returns the record to write (None: leave it) and a result. A
+/// missing key is first written as `init`, as `update` does.
+pub fn modify<R: Record, T>(
+    store: &dyn SharedStore,
+    key: &str,
+    known: Option<(Vec<u8>, u32)>,
+    init: Option<&R>,
+    mut step: impl FnMut(Option<R>) -> (Option<R>, T),
+) -> Result<Updated<T>, UpdateError> {
+    let init = init.map(R::to_bytes);
+    update_from(store, key, known, init.as_deref(), |cur| {
+        let (write, value) = step(cur.and_then(R::from_bytes));
+        (write.map(|r| r.to_bytes()), value)
+    })
+}
+
+/// Writes a record's fields in order, little-endian, into its `N` bytes.
+pub struct Writer<const N: usize> {
+    out: [u8; N],
+    at: usize,
+}
+
+impl<const N: usize> Default for Writer<N> {
+    fn default() -> Self {
+        Writer { out: [0; N], at: 0 }
+    }
+}
+
+impl<const N: usize> Writer<N> {
+    fn put<const K: usize>(mut self, bytes: [u8; K]) -> Self {
+        if let Some(dst) = self.out.get_mut(self.at..self.at + K) {
+            dst.copy_from_slice(&bytes);
+        }
+        self.at += K;
+        self
+    }
+
+    pub fn u8(self, v: u8) -> Self {
+        self.put([v])
+    }
+    pub fn u16(self, v: u16) -> Self {
+        self.put(v.to_le_bytes())
+    }
+    pub fn u32(self, v: u32) -> Self {
+        self.put(v.to_le_bytes())
+    }
+    pub fn u64(self, v: u64) -> Self {
+        self.put(v.to_le_bytes())
+    }
+    pub fn i64(self, v: i64) -> Self {
+        self.put(v.to_le_bytes())
+    }
+
+    pub fn done(self) -> [u8; N] {
+        debug_assert_eq!(self.at, N, "a record's fields fill it exactly");
+        self.out
+    }
+}
+
+/// Reads a record's fields back in the order they were written; None past the end.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// A reader of `bytes` if they are exactly `len` long: a value this code did not write (a
+    /// wrong length) is not trusted.
+    pub fn exact(bytes: &'a [u8], len: usize) -> Option<Reader<'a>> {
+        (bytes.len() == len).then_some(Reader { bytes })
+    }
+
+    fn take<const K: usize>(&mut self) -> Option<[u8; K]> {
+        let (head, rest) = self.bytes.split_first_chunk::<K>()?;
+        self.bytes = rest;
+        Some(*head)
+    }
+
+    pub fn u8(&mut self) -> Option<u8> {
+        self.take::<1>().map(|[b]| b)
+    }
+    pub fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+    pub fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    pub fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+    pub fn i64(&mut self) -> Option<i64> {
+        self.take().map(i64::from_le_bytes)
+    }
+}
+
+/// A count kept as 8 little-endian bytes (the key counts of `keyspace`).
+impl Record for u64 {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<u64> {
+        bytes.try_into().ok().map(u64::from_le_bytes)
+    }
+}
+
 /// `update`, starting from a value (and CAS token) the caller has just read, which saves one
 /// copy under Envoy's shared-data lock on the request path.
 pub fn update_from<T>(

@@ -16,6 +16,15 @@ use crate::retry_after;
 /// once (its retry is steered there). A few ms rather than 0, which SDKs would not trust.
 pub const FAILOVER_RETRY_MS: u64 = 5;
 
+/// What an upstream "not now" tells its client and its (pool, account): the delay told, the
+/// cooldown it asks for (none without a provider time: the backoff then spaces clients) and
+/// the failed rounds it counts.
+struct Told {
+    delay_ms: u64,
+    cool_ms: Option<u64>,
+    streak: u8,
+}
+
 /// What the response path decided for a governed response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Governed {
@@ -120,7 +129,12 @@ impl Governor {
         }
         if self.cfg.preemptive {
             // A request that reserved tokens knows how many the next one like it needs.
-            let need = flow.charges.iter().map(|c| c.2).max().filter(|n| *n > 0);
+            let need = flow
+                .charges
+                .iter()
+                .map(|c| c.reserved)
+                .max()
+                .filter(|n| *n > 0);
             if let Some(reset) = snap.exhausted_wait_ms(need).filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
@@ -162,18 +176,25 @@ impl Governor {
         let provider_ms = provider.map(|(ms, _)| ms);
         let ra = &self.cfg.retry_after;
         let cd = &self.cfg.cooldown;
-        let (counter, delay_ms, cool_ms, streak) = match class {
+        let counter = match class {
+            Class::QuotaExhausted => Counter::UpstreamQuotaExhausted,
+            Class::RateLimited => Counter::UpstreamRateLimited,
+            Class::Overloaded => Counter::UpstreamOverloaded,
+        };
+        let Told {
+            delay_ms,
+            cool_ms,
+            streak,
+        } = match class {
             Class::QuotaExhausted => {
                 let base = provider_ms.unwrap_or(cd.quota_ms);
-                let told = retry_after::told(base, base, ra, env.rng);
-                (Counter::UpstreamQuotaExhausted, told, Some(cd.quota_ms), 0)
+                Told {
+                    delay_ms: retry_after::told(base, base, ra, env.rng),
+                    cool_ms: Some(cd.quota_ms),
+                    streak: 0,
+                }
             }
             Class::RateLimited | Class::Overloaded => {
-                let counter = if class == Class::RateLimited {
-                    Counter::UpstreamRateLimited
-                } else {
-                    Counter::UpstreamOverloaded
-                };
                 // A round whose probe met another "not now" means the provider's time was too
                 // short. With `escalate`, clients are told twice as long per failed round, so
                 // they keep their retries for after the recovery; the probe itself still goes
@@ -182,14 +203,23 @@ impl Governor {
                 let stretch = self.stretch(rounds);
                 match provider_ms {
                     Some(ms) => {
-                        let told = retry_after::told(ms.saturating_mul(stretch), ms, ra, env.rng);
                         let cool = retry_after::sub_second_wait(headers, snap).unwrap_or(ms);
-                        (counter, told, Some(cool.min(cd.max_ms)), rounds)
+                        Told {
+                            delay_ms: retry_after::told(
+                                ms.saturating_mul(stretch),
+                                ms,
+                                ra,
+                                env.rng,
+                            ),
+                            cool_ms: Some(cool.min(cd.max_ms)),
+                            streak: rounds,
+                        }
                     }
-                    None => {
-                        let told = retry_after::backoff(rounds.saturating_sub(1), ra, env.rng);
-                        (counter, told, None, rounds)
-                    }
+                    None => Told {
+                        delay_ms: retry_after::backoff(rounds.saturating_sub(1), ra, env.rng),
+                        cool_ms: None,
+                        streak: rounds,
+                    },
                 }
             }
         };

@@ -386,3 +386,52 @@ fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     host.advance(1);
     host.forward("/v1/chat/completions", &[A]);
 }
+
+/// The stored layouts, byte for byte: a record written by one build is read by the next (and by
+/// every worker of a running Envoy during a hot restart), so no field may move.
+#[test]
+fn records_keep_their_byte_layouts() {
+    use llm_governor_core::bucket::Bucket;
+    use llm_governor_core::classify::Class;
+    use llm_governor_core::cooldown::{CooldownRecord, Pace};
+    let rec = CooldownRecord {
+        deadline_ms: 0x0102_0304_0506_0708,
+        period_ms: 0x1112_1314,
+        spread_ms: 0x2122_2324,
+        class: Class::QuotaExhausted,
+        streak: 5,
+        pace: Pace {
+            active: true,
+            ignore_remaining: true,
+            credits: 0x3132,
+            out: 0x4142,
+            last_release_ms: 0x5152_5354_5556_5758,
+        },
+        burst_end_ms: 0x6162_6364_6566_6768,
+    };
+    let want: [u8; 39] = [
+        8, 7, 6, 5, 4, 3, 2, 1, // deadline_ms
+        0x14, 0x13, 0x12, 0x11, // period_ms
+        0x24, 0x23, 0x22, 0x21, // spread_ms
+        2, 5, 3, // class, streak, pace flags
+        0x32, 0x31, 0x42, 0x41, // credits, out
+        0x58, 0x57, 0x56, 0x55, 0x54, 0x53, 0x52, 0x51, // last_release_ms
+        0x68, 0x67, 0x66, 0x65, 0x64, 0x63, 0x62, 0x61, // burst_end_ms
+    ];
+    assert_eq!(rec.encode(), want);
+    assert_eq!(CooldownRecord::decode(&want), Some(rec));
+    let mut bad = want;
+    bad[18] = 4; // an unknown pace flag
+    assert_eq!(CooldownRecord::decode(&bad), None);
+    assert_eq!(CooldownRecord::decode(&want[..38]), None);
+
+    let b = Bucket {
+        level: -2,
+        updated_ms: 0x0102_0304_0506_0708,
+    };
+    let want: [u8; 16] = [
+        0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 8, 7, 6, 5, 4, 3, 2, 1,
+    ];
+    assert_eq!(b.encode(), want);
+    assert_eq!(Bucket::decode(&want), Some(b));
+}

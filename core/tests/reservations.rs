@@ -69,7 +69,7 @@ fn the_estimate_and_the_output_limit_are_taken_before_forwarding() {
     );
     let flow = host.forward_with_body(PATH, &[], &body);
     assert_eq!(flow.charges.len(), 1);
-    assert_eq!(flow.charges[0].2, reserved);
+    assert_eq!(flow.charges[0].reserved, reserved);
     assert_eq!(level(&host, pool_id()), 3000 - reserved as i64);
 }
 
@@ -168,7 +168,7 @@ fn the_default_output_is_reserved_when_the_request_sets_none() {
     let mut host = Host::new(&config(r#", "default_output_tokens": 700"#));
     let body = chat(10, None);
     let flow = host.forward_with_body(PATH, &[], &body);
-    assert_eq!(flow.charges[0].2, input_of(&body) + 700);
+    assert_eq!(flow.charges[0].reserved, input_of(&body) + 700);
     // Every dialect's spelling of the output limit.
     for (body, max) in [
         (r#"{"max_completion_tokens": 321}"#, 321),
@@ -183,7 +183,11 @@ fn the_default_output_is_reserved_when_the_request_sets_none() {
         ),
     ] {
         let flow = host.forward_with_body(PATH, &[], body.as_bytes());
-        assert_eq!(flow.charges[0].2, input_of(body.as_bytes()) + max, "{body}");
+        assert_eq!(
+            flow.charges[0].reserved,
+            input_of(body.as_bytes()) + max,
+            "{body}"
+        );
     }
 }
 
@@ -217,7 +221,7 @@ fn bad_bodies_are_estimated_safely_never_refused_for_our_parser() {
         match decision {
             Decision::Forward(f) => {
                 // An OpenAI path: counted as OpenAI's limiter does (settle auto).
-                assert_eq!(f.charges[0].2, est.by_characters(1024), "{name}")
+                assert_eq!(f.charges[0].reserved, est.by_characters(1024), "{name}")
             }
             // Only the huge output limit may not fit: it is capped at MAX_OUTPUT, which no
             // bucket of 200,000 holds, so it is refused as too large, not as unparseable.
@@ -235,7 +239,7 @@ fn reserve_false_keeps_charging_after_the_response() {
     let mut host = Host::new(&config(r#", "reserve": false"#));
     let body = chat(100, Some("200"));
     let mut flow = host.forward_with_body(PATH, &[], &body);
-    assert_eq!(flow.charges[0].2, 0);
+    assert_eq!(flow.charges[0].reserved, 0);
     assert!(host
         .store
         .get(&keys::bucket_key("tpm", pool_id()))
@@ -326,7 +330,7 @@ fn unknown_models_share_the_overflow_bucket_past_max_keys() {
     for i in 0..20 {
         let body = format!(r#"{{"model":"m{i}","messages":[],"max_tokens":10}}"#);
         let f = host.forward_with_body(PATH, &[], body.as_bytes());
-        overflowed += f.charges.iter().filter(|c| c.1.ends_with(":~")).count();
+        overflowed += f.charges.iter().filter(|c| c.key.ends_with(":~")).count();
     }
     assert_eq!(overflowed, 17);
     assert!(host.store.len() <= 3 + 2, "{}", host.store.len());
@@ -343,7 +347,7 @@ fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
         "prose JSON has more bytes / 4 than tokens"
     );
     let mut flow = host.forward_with_body(PATH, &[], &body);
-    assert_eq!(flow.charges[0].2, counted);
+    assert_eq!(flow.charges[0].reserved, counted);
     host.end_with_usage(&mut flow, 10);
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
     // An error the provider answered still gives it back: its limiter counted nothing.
@@ -359,13 +363,13 @@ fn auto_settles_as_the_provider_behind_the_request_counts() {
     let by_chars = input_of(&body).max((body.len() as u64).div_ceil(4)) + 200;
     // OpenAI (and Azure OpenAI) count at admission and never adjust.
     let mut openai = host.forward_with_body(PATH, &[], &body);
-    assert_eq!(openai.charges[0].2, by_chars);
+    assert_eq!(openai.charges[0].reserved, by_chars);
     host.end_with_usage(&mut openai, 10);
     assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64);
     // Anthropic adjusts to the tokens used at the end of a request.
     let anthropic = [("anthropic-version", "2023-06-01")];
     let mut flow = host.forward_with_body("/v1/messages", &anthropic, &body);
-    assert_eq!(flow.charges[0].2, input_of(&body) + 200);
+    assert_eq!(flow.charges[0].reserved, input_of(&body) + 200);
     host.end_with_usage(&mut flow, 10);
     assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64 - 10);
 }
@@ -375,7 +379,7 @@ fn a_provider_reporting_its_tokens_empty_cools_for_one_reservation_not_its_full_
     let mut host = Host::new(&config(""));
     let body = chat(100, Some("900"));
     let flow = host.forward_with_body(PATH, &[], &body);
-    let reserved = flow.charges[0].2;
+    let reserved = flow.charges[0].reserved;
     // OpenAI: 20,000 TPM left empty by this request, full again in 60 s.
     host.respond(
         &flow,
