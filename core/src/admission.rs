@@ -58,13 +58,36 @@ impl Blocked {
     /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
     /// end, on any worker) are asked again on every tick.
     pub fn recheck_in_ms(&self) -> u64 {
-        match *self {
-            Blocked::Cooling { remaining_ms, .. } => remaining_ms,
-            Blocked::Bucket { wait_ms, .. } => wait_ms,
-            Blocked::Paced { .. }
-            | Blocked::InFlight { .. }
-            | Blocked::Quota { .. }
-            | Blocked::TooLarge { .. } => 0,
+        self.wait_ms().unwrap_or(0)
+    }
+
+    /// As it stands `elapsed` ms later: known waits shrink (to at least 1 ms).
+    pub fn aged(self, elapsed: u64) -> Blocked {
+        let shrink = |ms: u64| ms.saturating_sub(elapsed).max(1);
+        match self {
+            Blocked::Cooling {
+                class,
+                remaining_ms,
+            } => Blocked::Cooling {
+                class,
+                remaining_ms: shrink(remaining_ms),
+            },
+            Blocked::Bucket {
+                limit,
+                wait_ms,
+                remaining,
+            } => Blocked::Bucket {
+                limit,
+                wait_ms: shrink(wait_ms),
+                remaining,
+            },
+            Blocked::Paced { retry_in_ms } => Blocked::Paced {
+                retry_in_ms: shrink(retry_in_ms),
+            },
+            Blocked::Quota { remaining_ms } => Blocked::Quota {
+                remaining_ms: shrink(remaining_ms),
+            },
+            other => other,
         }
     }
 }

@@ -136,7 +136,7 @@ pub struct Wanted {
 
 /// The record after an answer: `wanted` is the cooldown it asks for (None: it gave no time),
 /// `streak` the failed rounds counting it, `jitter` the configured fraction clients were told
-/// on top of the provider's time. One row of `tests/cooldown_merge.rs` per case.
+/// on top of the provider's time. One row of `core/tests/cooldown_merge.rs` per rule.
 pub fn merge(
     old: Option<CooldownRecord>,
     wanted: Option<Wanted>,
@@ -215,8 +215,8 @@ pub enum Gate {
 }
 
 /// The gate for a request at `now_ms`, and the record to write when it took a release.
-/// `paced` is false when holding is off: then a cooldown's end lets everything through, as
-/// the gateway did before it could hold.
+/// `paced` is false when holding is off: then a cooldown's end lets everything through (no
+/// request could wait for a release, so none is rationed).
 pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<CooldownRecord>) {
     // With holding on, a request waits for the end of the whole burst; without it, clients
     // told the first deadline are let through from then on (the burst-band rule).

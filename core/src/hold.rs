@@ -85,7 +85,7 @@ impl Holds {
         };
         if let Some(last) = queued {
             // Held requests of this (pool, account) go first: wait behind them.
-            let blocked = age(last.blocked, env.now() - last.blocked_at_ms);
+            let blocked = last.blocked.aged(env.now() - last.blocked_at_ms);
             return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);
         }
         match gov.admit(&mut flow, env) {
@@ -138,7 +138,7 @@ impl Holds {
             let mut known_wait = None;
             while let Some(head) = queue.front_mut() {
                 if now < head.next_check_ms && now < head.deadline_ms {
-                    known_wait = age(head.blocked, now - head.blocked_at_ms).wait_ms();
+                    known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
                 match gov.admit(&mut head.flow, env) {
@@ -230,36 +230,6 @@ fn released(mut h: Held, now: u64, env: &mut Env) -> (u32, Outcome) {
 /// Answer a held request locally, from why it waits, aged to now.
 fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> (u32, Outcome) {
     leave(&mut h, now, Counter::HoldExpired, env);
-    let reply = gov.reply_for(&h.flow, &age(h.blocked, now - h.blocked_at_ms), env);
+    let reply = gov.reply_for(&h.flow, &h.blocked.aged(now - h.blocked_at_ms), env);
     (h.id, Outcome::Reply(h.flow, reply))
-}
-
-/// `b` as it stands `elapsed` ms later: known waits shrink (to at least 1 ms).
-fn age(b: Blocked, elapsed: u64) -> Blocked {
-    let shrink = |ms: u64| ms.saturating_sub(elapsed).max(1);
-    match b {
-        Blocked::Cooling {
-            class,
-            remaining_ms,
-        } => Blocked::Cooling {
-            class,
-            remaining_ms: shrink(remaining_ms),
-        },
-        Blocked::Bucket {
-            limit,
-            wait_ms,
-            remaining,
-        } => Blocked::Bucket {
-            limit,
-            wait_ms: shrink(wait_ms),
-            remaining,
-        },
-        Blocked::Paced { retry_in_ms } => Blocked::Paced {
-            retry_in_ms: shrink(retry_in_ms),
-        },
-        Blocked::Quota { remaining_ms } => Blocked::Quota {
-            remaining_ms: shrink(remaining_ms),
-        },
-        other => other,
-    }
 }

@@ -5,7 +5,7 @@
 //!
 //! Exactness at the edge is kept: a lease is taken only when the bucket still holds at least
 //! `FLOOR` tokens after it (a lease for each of 64 workers), so near empty every request is one
-//! compare-and-swap, as before. Leased tokens were taken from the shared bucket, so the total
+//! compare-and-swap and the bucket stays exact. Leased tokens were taken from the shared bucket, so the total
 //! admitted never exceeds the total the bucket gave. A leased token is spent within `LEASE_MS`
 //! of the take; what is left then goes back to the bucket in the key's next compare-and-swap
 //! (which that request makes anyway), so a tenant sending a few requests a second does not
