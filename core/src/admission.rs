@@ -173,6 +173,41 @@ impl Governor {
         })
     }
 
+    /// What `flow` takes of the gate `blocked` names when its turn comes: its cost in the
+    /// refused bucket (1 for a request limit, the reservation for a token budget); 0 for other
+    /// gates, whose wait does not grow with the queue at a rate the gateway knows.
+    pub fn cost_at(&self, blocked: &Blocked, flow: &Flow) -> u64 {
+        match *blocked {
+            Blocked::Bucket { limit, .. } => self.limits().cost(limit, flow),
+            _ => 0,
+        }
+    }
+
+    /// `blocked` for a request behind others: `tokens` more of the refused bucket must refill
+    /// first (at its configured rate) before its turn comes.
+    pub fn later_by(&self, blocked: Blocked, tokens: u64) -> Blocked {
+        match blocked {
+            Blocked::Bucket {
+                limit,
+                wait_ms,
+                remaining,
+            } if tokens > 0 => {
+                let per_minute = self
+                    .cfg
+                    .limits
+                    .get(limit)
+                    .map_or(1, |l| l.per_minute.max(1));
+                let refill_ms = tokens.saturating_mul(60_000).div_ceil(per_minute);
+                Blocked::Bucket {
+                    limit,
+                    wait_ms: wait_ms.saturating_add(refill_ms),
+                    remaining,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Whether some fallback of the flow's home pool (other than the pool that just answered)
     /// could take a request now: not cooling, not out of quota, its caps not full. Read-only.
     pub fn fallback_has_room(&self, flow: &Flow, env: &mut Env) -> bool {

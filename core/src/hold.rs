@@ -84,21 +84,31 @@ impl Holds {
             self.queues.get(&key).and_then(|q| q.back())
         };
         if let Some(last) = queued {
-            // Held requests of this (pool, account) go first: wait behind them.
+            // Held requests of this (pool, account) go first: wait behind them. Answered,
+            // it is told its turn: after what the queue behind the head takes, and its own.
             let blocked = last.blocked.aged(env.now() - last.blocked_at_ms);
-            return self.hold_or_reply(gov, flow, blocked, budget_ms, id, env);
+            let queue = self.queues.get(&key).into_iter().flatten().skip(1);
+            let tokens = queue.map(|h| gov.cost_at(&blocked, &h.flow)).sum::<u64>()
+                + gov.cost_at(&blocked, &flow);
+            return self.hold_or_reply(gov, flow, blocked, tokens, budget_ms, id, env);
         }
         match gov.admit(&mut flow, env) {
             Admission::Go => Outcome::Go(flow),
-            Admission::Wait(blocked) => self.hold_or_reply(gov, flow, blocked, budget_ms, id, env),
+            Admission::Wait(blocked) => {
+                self.hold_or_reply(gov, flow, blocked, 0, budget_ms, id, env)
+            }
         }
     }
 
+    /// Hold the request, or answer it: `ahead` is what requests ahead of it in its queue
+    /// (past its head) take of the refused bucket before its turn, for what it is told.
+    #[allow(clippy::too_many_arguments)]
     fn hold_or_reply(
         &mut self,
         gov: &Governor,
         flow: Flow,
         blocked: Blocked,
+        ahead: u64,
         budget_ms: u64,
         id: u32,
         env: &mut Env,
@@ -106,7 +116,7 @@ impl Holds {
         let room = (self.held as u64) < gov.cfg.hold.max_held;
         let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
         if budget_ms == 0 || !room || !fits || !blocked.holdable() {
-            let reply = gov.reply_for(&flow, &blocked, env);
+            let reply = gov.reply_for(&flow, &gov.later_by(blocked, ahead), env);
             return Outcome::Reply(flow, reply);
         }
         let now = env.now();
@@ -152,7 +162,7 @@ impl Holds {
                         if let Some(mut h) = queue.pop_front() {
                             h.blocked = b;
                             h.blocked_at_ms = now;
-                            out.push(answered(h, now, gov, env));
+                            out.push(answered(h, None, now, gov, env));
                         }
                     }
                     Admission::Wait(b) => {
@@ -165,13 +175,23 @@ impl Holds {
                 }
             }
             // Everyone whose limit passed, or whose limit the known wait outgrows, is answered
-            // now with the time that is left.
+            // now with the time that is left until its turn: the head's wait, then what the
+            // requests between the head and it take of the bucket.
             let before = queue.len();
             let mut kept = VecDeque::with_capacity(before);
-            for h in queue.drain(..) {
+            let head = queue.front().map(|h| h.blocked.aged(now - h.blocked_at_ms));
+            let mut ahead = 0u64;
+            for (place, h) in queue.drain(..).enumerate() {
                 let outgrown = known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms);
+                let turn = match head {
+                    Some(head) if place > 0 => {
+                        ahead = ahead.saturating_add(gov.cost_at(&head, &h.flow));
+                        Some(gov.later_by(head, ahead))
+                    }
+                    _ => None,
+                };
                 if now >= h.deadline_ms || outgrown {
-                    out.push(answered(h, now, gov, env));
+                    out.push(answered(h, turn, now, gov, env));
                 } else {
                     kept.push_back(h);
                 }
@@ -227,9 +247,17 @@ fn released(mut h: Held, now: u64, env: &mut Env) -> (u32, Outcome) {
     (h.id, Outcome::Go(h.flow))
 }
 
-/// Answer a held request locally, from why it waits, aged to now.
-fn answered(mut h: Held, now: u64, gov: &Governor, env: &mut Env) -> (u32, Outcome) {
+/// Answer a held request locally, from why it waits: `turn` when its place in the queue is
+/// known, else its own wait aged to now.
+fn answered(
+    mut h: Held,
+    turn: Option<Blocked>,
+    now: u64,
+    gov: &Governor,
+    env: &mut Env,
+) -> (u32, Outcome) {
     leave(&mut h, now, Counter::HoldExpired, env);
-    let reply = gov.reply_for(&h.flow, &h.blocked.aged(now - h.blocked_at_ms), env);
+    let blocked = turn.unwrap_or_else(|| h.blocked.aged(now - h.blocked_at_ms));
+    let reply = gov.reply_for(&h.flow, &blocked, env);
     (h.id, Outcome::Reply(h.flow, reply))
 }

@@ -196,6 +196,16 @@ impl<'a> Limits<'a> {
         Ok(())
     }
 
+    /// What the flow takes of limit `limit` when admitted: one request, its reservation of a
+    /// token budget (0 when it is charged after the response), nothing of a cap's rate.
+    pub fn cost(&self, limit: usize, flow: &Flow) -> u64 {
+        match self.limits.get(limit) {
+            Some(l) if l.kind == LimitKind::Requests => 1,
+            Some(l) if l.kind == LimitKind::Tokens => reservation(l, flow),
+            _ => 0,
+        }
+    }
+
     /// Whether no `max_in_flight` cap of the flow is full, read-only (request buckets are the
     /// tenant's own limit wherever the request goes: not looked at).
     pub(crate) fn caps_have_room(&self, flow: &Flow, env: &mut Env) -> bool {

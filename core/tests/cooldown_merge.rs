@@ -35,7 +35,13 @@ fn want(class: Class, ms: u64) -> Option<Wanted> {
 }
 
 /// (name, the record before, the cooldown asked for, the failed rounds, the record after).
-type Row = (&'static str, Option<CooldownRecord>, Option<Wanted>, u8, CooldownRecord);
+type Row = (
+    &'static str,
+    Option<CooldownRecord>,
+    Option<Wanted>,
+    u8,
+    CooldownRecord,
+);
 
 #[test]
 fn each_rule_of_merge() {

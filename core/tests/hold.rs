@@ -465,3 +465,44 @@ fn without_holding_the_first_deadline_of_a_burst_lets_clients_through() {
     host.advance(2_900);
     go(host.arrive(1, PATH, &[A]));
 }
+
+#[test]
+fn a_held_request_answered_when_its_wait_outgrows_its_deadline_is_told_its_turn() {
+    // One request a second (burst 1): the queue behind the head drains a request a second, so
+    // the n-th behind the head is told the head's wait plus n seconds, not the head's wait
+    // alone (which would send them all back at once to queue again).
+    let mut host = Host::new(
+        r#"{"limits": [{"name": "rps", "key": "pool", "requests_per_minute": 60, "burst": 1}]}"#,
+    );
+    go(host.arrive(1, PATH, &[A]));
+    let deadline = [A, ("x-envoy-expected-rq-timeout-ms", "3500")]; // 1.5 s to hold
+    for id in 2..=6 {
+        held(host.arrive(id, PATH, &deadline));
+    }
+    host.advance(1_000);
+    let out = host.tick();
+    assert_eq!(gone(&out), [2], "the head goes when its token has refilled");
+    assert_eq!(
+        answered(&out),
+        [3, 4, 5, 6],
+        "the others cannot make it in 1.5 s"
+    );
+    let told: Vec<String> = out
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Step::Reply(r) => Some(header(&r.headers, "retry-after-ms").to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told, ["1000", "2000", "3000", "4000"]);
+    // A request that arrives behind a queue it cannot wait through is told its place too:
+    // three ahead of it (one after the head), then its own token.
+    held(host.arrive(7, PATH, &[A]));
+    held(host.arrive(8, PATH, &[A]));
+    let h = reply_headers(host.arrive(9, PATH, &[A, ("x-envoy-expected-rq-timeout-ms", "2500")]));
+    assert_eq!(
+        header(&h, "retry-after-ms"),
+        "3000",
+        "head 7 in 1 s, then 8, then 9"
+    );
+}
