@@ -44,6 +44,11 @@ impl Bucket {
         }
     }
 
+    /// The level in whole tokens, rounded down: part of a token of debt reads as -1.
+    pub fn tokens(&self) -> i64 {
+        self.level.div_euclid(UNIT)
+    }
+
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
         Writer::default()
             .i64(self.level)
@@ -237,6 +242,19 @@ mod tests {
         assert!(!t.admitted);
         // 51 tokens at 10 per second.
         assert_eq!(t.wait_ms, 5100);
+    }
+
+    #[test]
+    fn whole_tokens_round_down_in_debt_too() {
+        let at = |level| Bucket {
+            level,
+            updated_ms: 0,
+        };
+        assert_eq!(at(5 * UNIT - 1).tokens(), 4);
+        assert_eq!(at(5 * UNIT).tokens(), 5);
+        assert_eq!(at(0).tokens(), 0);
+        assert_eq!(at(-1).tokens(), -1);
+        assert_eq!(at(-50 * UNIT).tokens(), -50);
     }
 
     #[test]

@@ -376,7 +376,7 @@ fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
         // tenant bucket refused gave its token back. A give-up can move it by one either way
         // (a take or a give-back that did not happen), and the metrics report each one.
         let wide = store.bucket("pool-rpm", pool_id).unwrap();
-        let tokens = wide.level.div_euclid(3_000_000);
+        let tokens = wide.tokens();
         let expected = 100 - 1 - run.admitted as i64;
         assert!(
             (tokens - expected).unsigned_abs() as usize <= run.contended,
@@ -400,7 +400,7 @@ fn a_token_that_was_never_taken_is_not_given_back() {
         assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
     }
     let pool_id = gov.id(b"default");
-    let before = store.bucket("pool-rpm", pool_id).unwrap().level;
+    let before = store.bucket("pool-rpm", pool_id).unwrap();
     // The pool bucket's take meets a concurrent writer every time and gives up (the request
     // goes on, fail-open); the tenant bucket then refuses it.
     store
@@ -409,12 +409,14 @@ fn a_token_that_was_never_taken_is_not_given_back() {
         .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
     assert!(!request(&mut w, &store, &mut metrics, &clock, "t"));
     assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
-    let after = store.bucket("pool-rpm", pool_id).unwrap().level;
+    let after = store.bucket("pool-rpm", pool_id).unwrap();
     // Nothing was taken from the pool bucket, so nothing may be given back (refill over the
-    // 6 ms this test's clock moved is 300 units, far below a token).
+    // 6 ms this test's clock moved is far below a token).
+    let shape = gov.cfg.limits[0].shape();
+    let one_token_more = before.give(shape, before.updated_ms, 1);
     assert!(
-        after - before < 3_000_000,
-        "the pool bucket gained a token it never lost: {before} -> {after}"
+        after.level < one_token_more.level,
+        "the pool bucket gained a token it never lost: {before:?} -> {after:?}"
     );
 }
 
@@ -441,14 +443,15 @@ fn contention_on_a_hot_key_loses_no_update() {
     // What the workers' leases (lease.rs) hold or dropped unspent was taken from the bucket
     // too.
     let stock = w.leases().unspent() + run.unspent;
-    let taken = (1 + 8_000 - run.contended) as i64 + stock as i64;
+    let taken = (1 + 8_000 - run.contended) as u64 + stock;
     // Every completed take is reflected exactly once (no lost update under CAS), and the
-    // refill is exact: 50 units (1/60000 of a token) per ms between the bucket's creation
-    // (the first request, at T0) and its latest write.
-    assert_eq!(
-        b.level,
-        (1_000_000 - taken) * 3_000_000 + 50 * (b.updated_ms - T0) as i64
-    );
+    // refill is exact however often it ran: the bucket holds what one that lost all those
+    // tokens at its creation (the first request, at T0) holds at its latest write.
+    let shape = gov.cfg.limits[0].shape();
+    let sequential = Bucket::full(shape, T0)
+        .charge(shape, T0, taken)
+        .refill(shape, b.updated_ms);
+    assert_eq!(b, sequential);
     eprintln!(
         "8000 requests from 4 workers: {} CAS conflicts, {} given up",
         store.conflicts.load(Ordering::SeqCst),
@@ -525,7 +528,7 @@ fn near_empty_every_request_is_one_compare_and_swap() {
     }
     assert_eq!(w.leases().left((0, gov.id(b"default")), clock.now()), 0);
     let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
-    assert_eq!(b.level / 3_000_000, 480);
+    assert_eq!(b.tokens(), 480);
 }
 
 #[test]
@@ -558,5 +561,5 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
         "the last lease, still held"
     );
     // 10 used, 7 held by the last lease; the refill over the test's ~10 s is < 1 token.
-    assert_eq!(b.level / 3_000_000, 2000 - 10 - 7);
+    assert_eq!(b.tokens(), 2000 - 10 - 7);
 }

@@ -7,16 +7,11 @@
 mod common;
 use common::Decision;
 use common::{header, Host};
-use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::estimate;
 use llm_governor_core::keys;
 use llm_governor_core::store::SharedStore;
 
 const PATH: &str = "/v1/chat/completions";
-const SHAPE: Shape = Shape {
-    per_minute: 6000,
-    burst: 3000,
-};
 
 /// One token limit on the pool, settled with usage unless `extra` says otherwise.
 fn config(extra: &str) -> String {
@@ -44,13 +39,7 @@ fn input_of(body: &[u8]) -> u64 {
 
 /// Whole tokens in the `default` pool's bucket of limit `tpm` (key `pool`), brought up to now.
 fn level(host: &Host, key_id: u64) -> i64 {
-    let (bytes, _) = host
-        .store
-        .get(&keys::bucket_key("tpm", key_id))
-        .unwrap()
-        .expect("bucket exists");
-    let b = Bucket::decode(&bytes).unwrap().refill(SHAPE, host.now_ms);
-    b.level.div_euclid(3_000_000)
+    host.bucket_tokens(0, key_id).expect("bucket exists")
 }
 
 fn pool_id() -> u64 {

@@ -3,15 +3,16 @@
 //! fills. Requests go through the `Worker`, the entry points every host calls.
 #![allow(dead_code)]
 
+use llm_governor_core::bucket::Bucket;
 use llm_governor_core::config;
 use llm_governor_core::headers::{owned, Headers};
-use llm_governor_core::keys::HashKey;
+use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::lease::Leases;
 use llm_governor_core::metrics::Recorded;
 use llm_governor_core::policy::{Clock, Env, Flow, Governed, Governor, RequestView, ResponseStep};
 use llm_governor_core::reply::LocalReply;
 use llm_governor_core::retry_after::Random;
-use llm_governor_core::store::MemStore;
+use llm_governor_core::store::{MemStore, SharedStore};
 use llm_governor_core::worker::{Action, Effect, Lent, Reaction, Stage, StreamIo, Worker};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -384,6 +385,15 @@ impl Host {
             clock,
         };
         (worker.governor(), env)
+    }
+
+    /// Whole tokens (rounded down) in the bucket of limit `limit` for key id `key_id`, brought
+    /// up to now; None when no request has written it yet.
+    pub fn bucket_tokens(&self, limit: usize, key_id: u64) -> Option<i64> {
+        let l = &self.governor().cfg.limits[limit];
+        let (bytes, _) = self.store.get(&keys::bucket_key(&l.name, key_id)).ok()??;
+        let b = Bucket::decode(&bytes)?;
+        Some(b.refill(l.shape(), self.now_ms).tokens())
     }
 
     pub fn advance(&mut self, ms: u64) {
