@@ -16,6 +16,15 @@ use crate::lease;
 use crate::metrics::Gauge;
 use crate::store::{self, UpdateError};
 
+/// The key a take goes to, as `existing_or_overflow` found it.
+struct Target {
+    key: String,
+    /// Its value and CAS token when it exists: the first read of the update.
+    known: Option<(Vec<u8>, u32)>,
+    /// The request's own key (false: the limit's overflow key, past `max_keys`).
+    own: bool,
+}
+
 /// Something a request took from a limit, to give back if a later limit refuses it.
 struct Taken {
     limit: usize,
@@ -75,7 +84,7 @@ impl<'a> Limits<'a> {
                 keys::bucket_key(&limit.name, key_id)
             };
             // The read that tells whether the key exists is the first read of the update.
-            let (key, known, own) = self.existing_or_overflow(i, key, flow.pool, env);
+            let Target { key, known, own } = self.existing_or_overflow(i, key, flow.pool, env);
             // What the request takes from a bucket: one request, its token reservation, or
             // nothing (a budget charged after the response only needs a token left).
             let amount = match limit.kind {
@@ -225,25 +234,33 @@ impl<'a> Limits<'a> {
         })
     }
 
-    /// `key` and its value when it exists, or room for it under `max_keys`, with `true`;
-    /// past `max_keys`, the limit's overflow key and `false`.
+    /// `key` and its value when it exists, or `key` when `max_keys` has room for it; past
+    /// `max_keys`, the limit's overflow key.
     fn existing_or_overflow(
         &self,
         limit: usize,
         key: String,
         pool: usize,
         env: &mut Env,
-    ) -> (String, Option<(Vec<u8>, u32)>, bool) {
+    ) -> Target {
         match env.store.get(&key) {
-            Ok(Some(known)) => (key, Some(known), true),
+            Ok(Some(known)) => Target {
+                key,
+                known: Some(known),
+                own: true,
+            },
             _ if keyspace::admit_new_key(self.max_keys, keys::BUCKET_KEY_COUNT, pool, env) => {
-                (key, None, true)
+                Target {
+                    key,
+                    known: None,
+                    own: true,
+                }
             }
-            _ => (
-                keys::overflow_bucket_key(&self.limits[limit].name),
-                None,
-                false,
-            ),
+            _ => Target {
+                key: keys::overflow_bucket_key(&self.limits[limit].name),
+                known: None,
+                own: false,
+            },
         }
     }
 
