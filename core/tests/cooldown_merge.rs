@@ -4,7 +4,9 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor_core::classify::Class::{self, QuotaExhausted as Quota, RateLimited as Rl};
+use llm_governor_core::classify::Class::{
+    self, Overloaded, QuotaExhausted as Quota, RateLimited as Rl,
+};
 use llm_governor_core::cooldown::{merge, CooldownRecord, Pace, Wanted};
 
 const NOW: u64 = 1_000_000;
@@ -96,4 +98,46 @@ fn each_rule_of_merge() {
         merge(Some(old), want(Rl, 2_000), 2, NOW, JITTER).pace,
         pacing
     );
+}
+
+/// (name, the record before, the cooldown asked for, the failed rounds, the jitter, the record
+/// after).
+type Edge = (
+    &'static str,
+    Option<CooldownRecord>,
+    Option<Wanted>,
+    u8,
+    f64,
+    CooldownRecord,
+);
+
+/// The comparisons of the rules above (numbered as there), each at its edge: a row that a rule
+/// with `<` for `<=`, or without one of its conditions, gets wrong.
+#[test]
+fn each_edge_of_its_rules() {
+    #[rustfmt::skip]
+    let rows: [Edge; 6] = [
+        // Rule 4: the running deadline stays unless the new one is later; an equal one is not.
+        ("the same deadline as running", Some(rec(NOW + 9_000, 10_000, 10_000, Rl, 1, 0)), want(Rl, 9_000), 2, JITTER,
+         rec(NOW + 9_000, 10_000, 10_000, Rl, 2, 0)),
+        // Rule 5: the band (here 2 s, a fifth of 10 s) includes its end.
+        ("exactly one band later", Some(rec(NOW + 8_000, 10_000, 10_000, Rl, 1, 0)), want(Rl, 10_000), 1, JITTER,
+         rec(NOW + 8_000, 10_000, 10_000, Rl, 1, NOW + 10_000)),
+        // Rule 5: the same statement is the same class, not only the same period.
+        ("the same period in another class", Some(rec(NOW + 9_900, 10_000, 10_000, Rl, 1, 0)), want(Overloaded, 10_000), 1, JITTER,
+         rec(NOW + 10_000, 10_000, 10_000, Overloaded, 1, 0)),
+        // Rule 5: only a running cooldown has a burst; one that ends now is over, even when a
+        // band of a whole period would reach back to it.
+        ("a cooldown ending now, at full jitter", Some(rec(NOW, 10_000, 10_000, Rl, 1, 0)), want(Rl, 10_000), 1, 1.0,
+         rec(NOW + 10_000, 10_000, 10_000, Rl, 1, 0)),
+        // Rule 7: an episode is one class; another one does not inherit its spread.
+        ("another class soon after", Some(rec(NOW - 4_000, 10_000, 10_000, Rl, 1, 0)), want(Overloaded, 1_000), 2, JITTER,
+         rec(NOW + 1_000, 1_000, 1_000, Overloaded, 2, 0)),
+        // Rule 7: an episode lasts until the deadline plus its spread, and is over at that moment.
+        ("the episode ending now", Some(rec(NOW - 10_000, 10_000, 10_000, Rl, 1, 0)), want(Rl, 1_000), 1, JITTER,
+         rec(NOW + 1_000, 1_000, 1_000, Rl, 1, 0)),
+    ];
+    for (name, old, wanted, streak, jitter, expected) in rows {
+        assert_eq!(merge(old, wanted, streak, NOW, jitter), expected, "{name}");
+    }
 }
