@@ -435,3 +435,29 @@ fn records_keep_their_byte_layouts() {
     assert_eq!(b.encode(), want);
     assert_eq!(Bucket::decode(&want), Some(b));
 }
+
+/// The other two stored layouts, byte for byte, for the same reason.
+#[test]
+fn slot_rings_and_key_counts_keep_their_byte_layouts() {
+    use llm_governor_core::inflight::Slots;
+    use llm_governor_core::store::Record;
+    let s = Slots {
+        newest: 0x0102_0304_0506_0708,
+        counts: [1, 0x0a0b_0c0d, 3, u32::MAX],
+    };
+    let want: [u8; 24] = [
+        8, 7, 6, 5, 4, 3, 2, 1, // newest epoch
+        1, 0, 0, 0, // its count
+        0x0d, 0x0c, 0x0b, 0x0a, // the epoch before
+        3, 0, 0, 0, // and before that
+        0xff, 0xff, 0xff, 0xff, // the oldest
+    ];
+    assert_eq!(s.encode(), want);
+    assert_eq!(Slots::decode(&want), Some(s));
+    assert_eq!(Slots::decode(&want[..23]), None);
+
+    let want = [8, 7, 6, 5, 4, 3, 2, 1];
+    assert_eq!(0x0102_0304_0506_0708u64.to_bytes(), want);
+    assert_eq!(u64::from_bytes(&want), Some(0x0102_0304_0506_0708));
+    assert_eq!(u64::from_bytes(&want[..7]), None);
+}
