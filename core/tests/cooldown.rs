@@ -11,7 +11,8 @@ const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
   {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}
 ]}"#;
-/// CFG without holding: after a cooldown, everything goes at once (no pace), as before.
+/// CFG without holding: after a cooldown, everything goes at once (no pace: nothing could wait
+/// for a release).
 const CFG_NO_HOLD: &str = r#"{"hold": {"max_ms": 0}, "pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
 ]}"#;
@@ -387,8 +388,9 @@ fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     host.forward("/v1/chat/completions", &[A]);
 }
 
-/// The stored layouts, byte for byte: a record written by one build is read by the next (and by
-/// every worker of a running Envoy during a hot restart), so no field may move.
+/// The stored layouts, byte for byte: shared data outlives the VM that wrote it (a module
+/// updated in a running Envoy reads the records its previous build left), so no field may
+/// move.
 #[test]
 fn records_keep_their_byte_layouts() {
     use llm_governor_core::bucket::Bucket;
