@@ -208,6 +208,9 @@ class SdkClients:
 
     async def run(self, i: int, go: asyncio.Event, results: list) -> None:
         await go.wait()
+        if self.storm.start_spread_ms:
+            # Workers that come up one after another: client i starts i/n of the spread in.
+            await asyncio.sleep(self.storm.start_spread_ms * i / self.storm.clients / 1000)
         for call in range(self.storm.calls_per_client):
             self.current[i] = attempts = []
             start = self.clock.now_ms()

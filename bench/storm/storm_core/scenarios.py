@@ -78,6 +78,8 @@ class Storm:
     # The provider's token-per-minute limit on the key (simulator scenario `tpm`), for the
     # budget the TPM figures compare against.
     tpm_tokens: Optional[int] = None
+    # "sdk" clients: client i starts i/clients of this many ms after t = 0 (0: all at once).
+    start_spread_ms: float = 0.0
 
     @property
     def calls(self) -> int:
@@ -117,6 +119,31 @@ ISSUE5 = Storm(
         Phase({"limit": {"requests": 10, "window_ms": 2000}}, at_ms=2500),
     ],
     recovers_in_phase=1,
+)
+
+# Issue 20: the issue-5 storm with a provider that under-states every wait, during the outage
+# and after it: each 429 says `retry-after: 1` (and a 1 s reset) whatever the window says, while
+# its successes report the truth (`x-ratelimit-remaining-requests`, `-reset-requests`: the
+# requests left in the 10 / 2 s window, rejected ones counted, and when its oldest leaves). The
+# 20 SDK clients start over the first second (workers coming up), as in the outside run.
+ISSUE20 = Storm(
+    name="issue20",
+    title="issue 20: 20 SDK clients over 1 s, 429 for 2.5 s, then limit 10 req / 2 s; every 429 says retry-after: 1",
+    clients=20,
+    start_spread_ms=1000.0,
+    phases=[
+        Phase({"mode": "rate_limited", "retry_after_s": 1.0, "until_ms": 10_000}),
+        Phase({"limit": {"requests": 10, "window_ms": 2000}, "retry_after_s": 1.0}, at_ms=2500),
+    ],
+    recovers_in_phase=1,
+)
+
+# The same with every client at t = 0, as in the issue-5 storm: the first wave is all 20.
+ISSUE20_BURST = dataclasses.replace(
+    ISSUE20,
+    name="issue20-burst",
+    title="issue 20, all 20 SDK clients at t = 0: 429 for 2.5 s, then 10 req / 2 s; every 429 says retry-after: 1",
+    start_spread_ms=0.0,
 )
 
 # The overnight storm: a provider that serves at most 10 requests of a key at once (300 ms
@@ -235,6 +262,7 @@ def replay(client_kind: str, style: str) -> Storm:
 SCENARIOS = {
     "issue3": lambda: [ISSUE3, ISSUE3_MS],
     "issue5": lambda: [ISSUE5],
+    "issue20": lambda: [ISSUE20, ISSUE20_BURST],
     "overnight": lambda: [OVERNIGHT],
     "issue3-failover": lambda: [ISSUE3_FAILOVER],
     "spendcap-failover": lambda: [SPENDCAP_FAILOVER, SPENDCAP_FAILOVER_STORM],
