@@ -94,6 +94,20 @@ impl Snapshot {
         self.exhausted_wait_ms(None)
     }
 
+    /// How many more requests the provider says fit now: its remaining requests and, for a
+    /// request known to need `tokens`, its remaining tokens over that need (the fewer of the
+    /// two). None when it reports neither.
+    pub fn requests_that_fit(&self, tokens: Option<u64>) -> Option<u64> {
+        let by_tokens = tokens
+            .filter(|n| *n > 0)
+            .zip(self.tokens.remaining)
+            .map(|(need, left)| left / need);
+        match (self.requests.remaining, by_tokens) {
+            (Some(r), Some(t)) => Some(r.min(t)),
+            (r, t) => r.or(t),
+        }
+    }
+
     /// How long until a request needing `tokens` fits every exhausted dimension. The reset
     /// OpenAI and Anthropic report is when the bucket is full again, refilling evenly from
     /// empty: a token dimension with a known limit has `tokens` back after `reset × tokens /

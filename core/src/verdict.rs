@@ -127,14 +127,14 @@ impl Governor {
         if !self.cfg.cooldown.enabled {
             return;
         }
+        // A request that reserved tokens knows how many the next one like it needs.
+        let need = flow
+            .charges
+            .iter()
+            .map(|c| c.reserved)
+            .max()
+            .filter(|n| *n > 0);
         if self.cfg.preemptive {
-            // A request that reserved tokens knows how many the next one like it needs.
-            let need = flow
-                .charges
-                .iter()
-                .map(|c| c.reserved)
-                .max()
-                .filter(|n| *n > 0);
             if let Some(reset) = snap.exhausted_wait_ms(need).filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
@@ -151,8 +151,10 @@ impl Governor {
             }
         }
         if flow.released || flow.streak > 0 {
+            // The pace releases no more than the provider says fit: its remaining requests,
+            // and its remaining tokens over what a request like this one needs.
             let answer = Answer::Success {
-                remaining: snap.requests.remaining,
+                remaining: snap.requests_that_fit(need),
             };
             self.cool(flow, None, 0, answer, env);
         }

@@ -506,3 +506,71 @@ fn a_held_request_answered_when_its_wait_outgrows_its_deadline_is_told_its_turn(
         "head 7 in 1 s, then 8, then 9"
     );
 }
+
+#[test]
+fn after_a_cooldown_the_pace_reads_anthropics_remaining_requests_too() {
+    let mut host = Host::new(
+        r#"{"pools": [{"name": "claude", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}]}"#,
+    );
+    let path = "/v1/messages";
+    let key = ("x-api-key", "sk-ant-a");
+    let f = host.forward(path, &[key]);
+    let rl = r#"{"type":"error","error":{"type":"rate_limit_error","message":"x"}}"#;
+    host.respond(&f, 429, &[("retry-after", "2")], rl);
+    for id in 1..=6 {
+        held(host.arrive(id, path, &[key]));
+    }
+    host.advance(2_000);
+    let mut probe = flows(host.tick());
+    assert_eq!(probe.len(), 1, "one probe");
+    host.answer(
+        &mut probe[0].1,
+        200,
+        &[("anthropic-ratelimit-requests-remaining", "3")],
+        "",
+    );
+    assert_eq!(
+        gone(&host.tick()),
+        [2, 3, 4],
+        "Anthropic's remaining 3: three more"
+    );
+    assert!(host.tick().is_empty());
+}
+
+#[test]
+fn after_a_cooldown_the_pace_releases_what_the_remaining_tokens_hold_for_a_request_this_size() {
+    // A reserving token limit knows each request's size: a probe that comes back with room
+    // for 100 more requests but tokens for two of its size releases two, not a hundred.
+    let mut host = Host::new(
+        r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
+            "limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": 1000000, "reserve": true}]}"#,
+    );
+    let body =
+        br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello"}],"max_tokens":1000}"#;
+    let f = host.forward_with_body(PATH, &[A], body);
+    let need = f.charges[0].reserved;
+    assert!((1000..1100).contains(&need), "{need}");
+    host.respond(&f, 429, &[("retry-after", "2")], RL);
+    for id in 1..=6 {
+        held(host.arrive_with_body(id, PATH, &[A], body));
+    }
+    host.advance(2_000);
+    let mut probe = flows(host.tick());
+    assert_eq!(probe.len(), 1, "one probe");
+    let tokens_left = (2 * need + need / 2).to_string();
+    host.answer(
+        &mut probe[0].1,
+        200,
+        &[
+            ("x-ratelimit-remaining-requests", "100"),
+            ("x-ratelimit-remaining-tokens", &tokens_left),
+        ],
+        "",
+    );
+    assert_eq!(
+        gone(&host.tick()),
+        [2, 3],
+        "tokens for two more of this size"
+    );
+    assert!(host.tick().is_empty());
+}
