@@ -19,7 +19,7 @@ pub const PACE_OPEN_AT: u64 = 64;
 /// Pacing left behind by traffic that stopped is forgotten after this long.
 pub const PACE_IDLE_MS: u64 = 60_000;
 
-/// A cooldown and its pace, as stored in shared data: 39 fixed-width bytes.
+/// A cooldown and its pace, as stored in shared data: 41 fixed-width bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CooldownRecord {
     /// Until when the provider said "not now", Unix ms (0: not cooling).
@@ -40,7 +40,7 @@ pub struct CooldownRecord {
 }
 
 /// How traffic comes back after a cooldown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pace {
     pub active: bool,
     /// The "not now" that started this pace reported requests left (a concurrency or token
@@ -53,10 +53,27 @@ pub struct Pace {
     pub out: u16,
     /// The last release, Unix ms.
     pub last_release_ms: u64,
+    /// The fewest remaining requests a success reported since the round's probe went
+    /// (`u16::MAX`: none yet). Answers of one round are read by several workers in any order:
+    /// an older answer's larger `remaining` must not open what a newer one already used.
+    pub floor: u16,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            active: false,
+            ignore_remaining: false,
+            credits: 0,
+            out: 0,
+            last_release_ms: 0,
+            floor: u16::MAX,
+        }
+    }
 }
 
 impl CooldownRecord {
-    pub const LEN: usize = 39;
+    pub const LEN: usize = 41;
 
     /// Not cooling, not pacing.
     pub fn idle(class: Class) -> CooldownRecord {
@@ -84,6 +101,7 @@ impl CooldownRecord {
             .u16(pace.out)
             .u64(pace.last_release_ms)
             .u64(self.burst_end_ms)
+            .u16(pace.floor)
             .done()
     }
 
@@ -95,6 +113,8 @@ impl CooldownRecord {
         if flags > 3 {
             return None;
         }
+        let (credits, out, last_release_ms) = (r.u16()?, r.u16()?, r.u64()?);
+        let (burst_end_ms, floor) = (r.u64()?, r.u16()?);
         Some(CooldownRecord {
             deadline_ms,
             period_ms,
@@ -104,11 +124,12 @@ impl CooldownRecord {
             pace: Pace {
                 active: flags & 1 == 1,
                 ignore_remaining: flags & 2 == 2,
-                credits: r.u16()?,
-                out: r.u16()?,
-                last_release_ms: r.u64()?,
+                credits,
+                out,
+                last_release_ms,
+                floor,
             },
-            burst_end_ms: r.u64()?,
+            burst_end_ms,
         })
     }
 
@@ -244,9 +265,17 @@ pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<Cool
             last_release_ms: now_ms,
             ..p
         }
-    } else if p.out == 0 || patience_over {
-        // The probe: the first request after a cooldown, or one more after an answer that is
-        // long in coming.
+    } else if p.out == 0 {
+        // The probe: the first request after a cooldown (or after every release was
+        // answered): a new round, whose answer may open more than the last one left.
+        Pace {
+            out: 1,
+            last_release_ms: now_ms,
+            floor: u16::MAX,
+            ..p
+        }
+    } else if patience_over {
+        // One more after an answer that is long in coming.
         Pace {
             out: p.out.saturating_add(1),
             last_release_ms: now_ms,
@@ -300,8 +329,13 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> Cooldown
         Answer::Success { .. } if !p.active => {}
         Answer::Success { remaining } => {
             let open = match remaining.filter(|_| !p.ignore_remaining) {
-                // What the provider has left, less what is already on its way to it.
-                Some(r) => r.saturating_sub(u64::from(p.out)),
+                // What the provider has left, less what is already on its way to it; never
+                // more than the round's newest answer said.
+                Some(r) => {
+                    let r = r.min(u64::from(p.floor));
+                    p.floor = u16::try_from(r).unwrap_or(u16::MAX);
+                    r.saturating_sub(u64::from(p.out))
+                }
                 // Slow start: each success brings its own release back and one more.
                 None => u64::from(p.credits) + 2,
             };

@@ -408,10 +408,11 @@ fn records_keep_their_byte_layouts() {
             credits: 0x3132,
             out: 0x4142,
             last_release_ms: 0x5152_5354_5556_5758,
+            floor: 0x7172,
         },
         burst_end_ms: 0x6162_6364_6566_6768,
     };
-    let want: [u8; 39] = [
+    let want: [u8; 41] = [
         8, 7, 6, 5, 4, 3, 2, 1, // deadline_ms
         0x14, 0x13, 0x12, 0x11, // period_ms
         0x24, 0x23, 0x22, 0x21, // spread_ms
@@ -419,13 +420,14 @@ fn records_keep_their_byte_layouts() {
         0x32, 0x31, 0x42, 0x41, // credits, out
         0x58, 0x57, 0x56, 0x55, 0x54, 0x53, 0x52, 0x51, // last_release_ms
         0x68, 0x67, 0x66, 0x65, 0x64, 0x63, 0x62, 0x61, // burst_end_ms
+        0x72, 0x71, // pace floor
     ];
     assert_eq!(rec.encode(), want);
     assert_eq!(CooldownRecord::decode(&want), Some(rec));
     let mut bad = want;
     bad[18] = 4; // an unknown pace flag
     assert_eq!(CooldownRecord::decode(&bad), None);
-    assert_eq!(CooldownRecord::decode(&want[..38]), None);
+    assert_eq!(CooldownRecord::decode(&want[..40]), None);
 
     let b = Bucket {
         level: -2,
