@@ -9,7 +9,7 @@
 
 use crate::classify;
 use crate::deadline;
-pub use crate::effects::{Action, Effect, Failure, Lent, Reaction, StreamIo};
+pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
 use crate::headers::Headers;

@@ -21,7 +21,7 @@ use llm_governor_core::metrics::{Counter, Recorded};
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::retry_after::Random;
 use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
-use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
+use llm_governor_core::worker::{Action, Lent, NoBodies, Worker};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
@@ -87,21 +87,6 @@ impl Clock {
     }
 }
 
-/// No request of these tests has a body, and every response is the upstream's.
-struct NoBuffers;
-
-impl StreamIo for NoBuffers {
-    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn answered_by_upstream(&mut self, _: u32) -> bool {
-        true
-    }
-}
-
 /// A worker (a VM) over the shared governor.
 fn worker(gov: &Arc<Governor>) -> Worker {
     Worker::with_random(Arc::clone(gov), Box::new(Zero))
@@ -129,7 +114,7 @@ fn request(
         store,
         metrics,
         clock: &read,
-        io: &mut NoBuffers,
+        io: &mut NoBodies,
     };
     let id = STREAM_IDS.fetch_add(1, Ordering::Relaxed);
     w.on_request_headers(id, &view, true, &mut lent).action == Action::Continue

@@ -23,7 +23,7 @@ use llm_governor_core::retry_after;
 use llm_governor_core::store::{MemStore, SharedStore, StoreError};
 use llm_governor_core::time::MAX_PARSED_MS;
 use llm_governor_core::usage::UsageScanner;
-use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
+use llm_governor_core::worker::{Action, Lent, NoBodies, Worker};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use std::sync::Arc;
@@ -460,7 +460,7 @@ fn race(
                             store: &store,
                             metrics: &mut metrics,
                             clock: &move || now,
-                            io: &mut NoBuffers,
+                            io: &mut NoBodies,
                         };
                         let r = worker.on_request_headers(id, &view, true, &mut lent);
                         if r.action == Action::Continue {
@@ -490,21 +490,6 @@ fn governor(json: &str) -> Arc<Governor> {
         config::parse(json.as_bytes()).unwrap(),
         keys::HashKey::from_words(1, 2),
     ))
-}
-
-/// The raced requests have no body, and every response is the upstream's.
-struct NoBuffers;
-
-impl StreamIo for NoBuffers {
-    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn answered_by_upstream(&mut self, _: u32) -> bool {
-        true
-    }
 }
 
 /// Store operations in any order: mostly random, sometimes one worker starved for long runs.

@@ -11,7 +11,7 @@ use llm_governor_core::headers::{Headers, WireHeaders};
 use llm_governor_core::metrics::{Counter, Gauge, Histogram, Metrics};
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
-use llm_governor_core::worker::{Action, Lent, StreamIo, Worker};
+use llm_governor_core::worker::{Action, Lent, NoBodies, Worker};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -96,19 +96,6 @@ impl Calls {
     }
 }
 
-/// The bench's bodies are never read: a plain request and response of fixed sizes.
-struct NoBuffers;
-impl StreamIo for NoBuffers {
-    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn answered_by_upstream(&mut self, _: u32) -> bool {
-        true
-    }
-}
 
 fn hotpath(cfg_json: &str, iterations: u64) {
     let cfg = match config::parse(cfg_json.as_bytes()) {
@@ -174,12 +161,12 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             now_ms
         };
         let before = Calls::now(&store, &metrics, &clock);
-        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBuffers };
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBodies };
         let id = i as u32;
         let go = request_path(&mut worker, id, &req_wires[(i % 1000) as usize], &mut lent);
         let middle = Calls::now(&store, &metrics, &clock);
         req_calls.add(middle.since(before));
-        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBuffers };
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBodies };
         if go {
             forwarded += 1;
             response_path(&mut worker, id, &resp_wire, &mut lent);
