@@ -205,15 +205,7 @@ fn in_headers_only_mode_a_local_answer_is_sent_at_once() {
 fn an_error_response_waits_for_its_body_and_is_classified_by_it() {
     let mut host = Host::new("{}");
     assert_eq!(headers(&mut host, 1, true, &[A]).action, Action::Continue);
-    let hs = owned(&[(":status", "429")]);
-    let r = host.call(|w, lent| {
-        w.on_response_headers(
-            1,
-            &llm_governor_core::headers::Headers::new(&hs),
-            false,
-            lent,
-        )
-    });
+    let r = error_headers(&mut host, 1);
     assert_eq!(r, paused(vec![]));
     assert_eq!(host.worker.stage(1), Stage::AwaitingErrorBody);
     host.io.response_bodies.insert(1, QUOTA.as_bytes().to_vec());
@@ -240,15 +232,7 @@ fn an_error_body_that_never_comes_is_classified_from_status_and_headers() {
         "rate_limited"
     );
     headers(&mut host, 2, true, &[("authorization", "Bearer sk-b")]);
-    let hs = owned(&[(":status", "429")]);
-    let r = host.call(|w, lent| {
-        w.on_response_headers(
-            2,
-            &llm_governor_core::headers::Headers::new(&hs),
-            false,
-            lent,
-        )
-    });
+    let r = error_headers(&mut host, 2);
     assert_eq!(r.action, Action::Pause);
     host.advance(BODY_WAIT_MS);
     let out = host.tick_reactions();
