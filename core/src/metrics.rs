@@ -150,7 +150,7 @@ impl Histogram {
     pub const ALL: [Histogram; 2] = [Histogram::RetryAfterMs, Histogram::HoldMs];
 
     pub fn index(self) -> usize {
-        self as usize
+        Histogram::ALL.iter().position(|h| *h == self).unwrap_or(0)
     }
 
     pub fn name(self) -> &'static str {
