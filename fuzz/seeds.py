@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed corpora for the fuzz targets, extracted from the provider tables in tests/.
+"""Seed corpora for the fuzz targets, extracted from the provider tables in core/tests/.
 
 The tests hold real provider headers and bodies; this turns them into one file per seed under
 fuzz/seeds/<target>/, in the input format each target reads (see fuzz/src/lib.rs). Run it
@@ -13,7 +13,7 @@ import shutil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "fuzz" / "seeds"
-TESTS = ROOT / "tests"
+TESTS = ROOT / "core" / "tests"
 
 # A Rust string or byte-string literal: raw (r#"..."#), or quoted with escapes.
 LITERAL = re.compile(
@@ -138,7 +138,7 @@ class Corpus:
 
 
 def provider_cases(text, bodies):
-    """The Case { path, status, headers, body } rows of tests/provider_responses.rs."""
+    """The Case { path, status, headers, body } rows of core/tests/provider_responses.rs."""
     for m in re.finditer(r"Case \{(.*?)\n        \}", text, re.S):
         row = m.group(1)
         status = int(re.search(r"status:\s*(\d+)", row).group(1))
@@ -151,11 +151,11 @@ def provider_cases(text, bodies):
 def main():
     corpus = Corpus()
     texts = {p.stem: p.read_text() for p in sorted(TESTS.glob("*.rs"))}
-    time_src = (ROOT / "src" / "time.rs").read_text()
+    time_src = (ROOT / "core" / "src" / "time.rs").read_text()
     time_tests = time_src[time_src.index("mod tests") :]
 
     # Configs: every JSON object literal of the tests that is not a provider body, including
-    # the rejected ones of tests/config.rs (unknown fields, wrong types, out of range).
+    # the rejected ones of core/tests/config.rs (unknown fields, wrong types, out of range).
     provider_keys = {"error", "type", "id", "choices", "candidates", "usageMetadata"}
     for stem, text in texts.items():
         for lit in literals(text):
@@ -242,6 +242,11 @@ def main():
     )
     corpus.add("wire_headers", "empty", b"")
     corpus.add("wire_headers", "status", wire([(":status", b"429"), ("retry-after", b"3")]))
+    # Rate-limit service answers (RateLimitResponse, ReserveResponse, and a truncated one).
+    corpus.add("rls_answers", "over_limit", bytes.fromhex("0802120c08021800220608011080e1eb17"))
+    corpus.add("rls_answers", "ok", bytes.fromhex("0801"))
+    corpus.add("rls_answers", "reserve_ok", bytes.fromhex("0801120572") + b"es-1")
+    corpus.add("rls_answers", "truncated", bytes.fromhex("12050102"))
     # Request bodies: the token estimator's sample set (bench/estimate/samples.jsonl).
     samples = ROOT / "bench" / "estimate" / "samples.jsonl"
     for line in samples.read_text(encoding="utf-8").splitlines():

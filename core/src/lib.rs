@@ -25,6 +25,7 @@ pub mod policy;
 pub mod ratelimit;
 pub mod reply;
 pub mod retry_after;
+pub mod rls;
 pub mod store;
 pub mod stream;
 pub mod time;

@@ -1,0 +1,22 @@
+//! `rls::decode_response` and `rls::decode_reserve` over any bytes a rate-limit service (or
+//! whatever answers in its place) may send: an answer or an error value, never a panic; and
+//! what the filter encodes always reads back as a well-formed message.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use llm_governor_core::rls;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(a) = rls::decode_response(data) {
+        // A decoded answer is stable: the same bytes read the same.
+        assert_eq!(rls::decode_response(data), Ok(a));
+    }
+    let _ = rls::decode_reserve(data);
+    // What the filter sends always reads back as a message of known fields.
+    let d = [rls::Descriptor {
+        limit: String::from_utf8_lossy(data).into_owned(),
+        key: "k".into(),
+    }];
+    let req = rls::should_rate_limit("d", &d, data.len() as u32);
+    assert!(rls::decode_response(&req).is_ok(), "our own request is a well-formed message");
+});
