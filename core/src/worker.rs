@@ -175,10 +175,15 @@ impl Worker {
             self.set(id, Stream::ReadingBody(read));
             return Reaction::new(effects, Action::Pause);
         }
-        borrow_env!(self, lent, clock => g, holds, env);
-        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
-        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
-        self.take(id, outcome, end_of_stream, 0, false, effects, &clock)
+        let at = BodyAt {
+            done: end_of_stream,
+            buffered: 0,
+            from_tick: false,
+        };
+        let mut r = self.admit(id, flow, budget_ms, at, clock, lent);
+        effects.append(&mut r.effects);
+        r.effects = effects;
+        r
     }
 
     /// A part of the request body arrived; `body_size` is what Envoy buffers for the filter.
@@ -267,15 +272,7 @@ impl Worker {
         let upstream = !(governed || refund) || lent.io.answered_by_upstream(id);
         // A plain success needs no time (nothing cools, nothing waits): the clock is read only
         // when the policy asks, once.
-        let mut metrics = self.gauges.over(&mut *lent.metrics);
-        let mut env = Env {
-            store: lent.store,
-            metrics: &mut metrics,
-            rng: &mut *self.rng,
-            leases: &mut self.leases,
-            clock: Clock::lazy(lent.clock),
-        };
-        let g = &*self.gov;
+        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
         if governed && !upstream {
             // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
             // provider saying "not now": leave it ungoverned.
@@ -366,12 +363,9 @@ impl Worker {
     /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
     /// took, charge what the provider reported. A second call does nothing.
     pub fn on_end(&mut self, id: u32, lent: &mut Lent) {
-        let Some(stream) = self.streams.remove(&id) else {
+        let Some(stream) = self.take_stream(id) else {
             return;
         };
-        if let Some(until) = stream.until_ms() {
-            self.due.remove(&(until, id));
-        }
         // Most streams owe nothing at their end: the clock is read only for those that do.
         borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
         match stream {
@@ -446,20 +440,16 @@ impl Worker {
             borrow_env!(self, lent, Clock::At(now) => g, holds, env);
             let left = holds.tick(g, &mut env);
             for (id, outcome) in left {
-                let body_ended = match self.streams.remove(&id) {
+                let body_ended = match self.take_stream(id) {
                     Some(Stream::Held { body_ended }) => body_ended,
                     _ => false,
                 };
-                let r = self.take(
-                    id,
-                    outcome,
-                    body_ended,
-                    0,
-                    true,
-                    Vec::new(),
-                    &Clock::At(now),
-                );
-                out.push((id, r));
+                let at = BodyAt {
+                    done: body_ended,
+                    buffered: 0,
+                    from_tick: true,
+                };
+                out.push((id, self.take(id, outcome, at, &Clock::At(now))));
             }
         }
         out
@@ -486,20 +476,33 @@ impl Worker {
         Some(stream)
     }
 
-    /// Do what admission decided: let it go, hold it, or answer it (once its body has ended,
-    /// so an HTTP/1.1 connection survives the answer). `buffered` is how much of its body
-    /// Envoy holds now; `from_tick`: the request is paused and must be resumed to go.
-    #[allow(clippy::too_many_arguments)]
-    fn take(
+    /// Admission for a request whose flow is built (and estimated, when its body was read):
+    /// the hold state machine decides, `take` carries it out. `clock` is this call's, so the
+    /// time is read at most once.
+    fn admit(
         &mut self,
         id: u32,
-        outcome: Outcome,
-        body_done: bool,
-        buffered: usize,
-        from_tick: bool,
-        mut effects: Vec<Effect>,
-        clock: &Clock,
+        flow: Flow,
+        budget_ms: u64,
+        at: BodyAt,
+        clock: Clock,
+        lent: &mut Lent,
     ) -> Reaction {
+        borrow_env!(self, lent, clock => g, holds, env);
+        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
+        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
+        self.take(id, outcome, at, &clock)
+    }
+
+    /// Do what admission decided: let it go, hold it, or answer it (once its body has ended,
+    /// so an HTTP/1.1 connection survives the answer).
+    fn take(&mut self, id: u32, outcome: Outcome, at: BodyAt, clock: &Clock) -> Reaction {
+        let BodyAt {
+            done: body_done,
+            buffered,
+            from_tick,
+        } = at;
+        let mut effects = Vec::new();
         match outcome {
             Outcome::Go(flow) => {
                 if let Some(name) = self.gov.steered_to(&flow) {
@@ -561,20 +564,13 @@ impl Worker {
             budget_ms,
             ..
         } = read;
-        let from_tick = body_size.is_none() && !body_done;
-        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
-        g.on_request_body(&mut flow, &prefix, total);
-        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
-        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
-        self.take(
-            id,
-            outcome,
-            body_done,
-            body_size.unwrap_or(0),
-            from_tick,
-            Vec::new(),
-            &clock,
-        )
+        self.gov.on_request_body(&mut flow, &prefix, total);
+        let at = BodyAt {
+            done: body_done,
+            buffered: body_size.unwrap_or(0),
+            from_tick: body_size.is_none() && !body_done,
+        };
+        self.admit(id, flow, budget_ms, at, Clock::lazy(lent.clock), lent)
     }
 
     /// The request body ended (or its wait is over): send the answer that waited for it.
@@ -613,17 +609,9 @@ impl Worker {
         if overdue && body.is_empty() && !self.body.proven {
             self.body_never_came(flow.pool, clock.now(), lent);
         }
-        let mut metrics = self.gauges.over(&mut *lent.metrics);
-        let mut env = Env {
-            store: lent.store,
-            metrics: &mut metrics,
-            rng: &mut *self.rng,
-            leases: &mut self.leases,
-            clock,
-        };
+        borrow_env!(self, lent, clock => g, _holds, env);
         let governed =
-            self.gov
-                .on_response_body(&mut flow, status, &Headers::wire(&headers), &body, &mut env);
+            g.on_response_body(&mut flow, status, &Headers::wire(&headers), &body, &mut env);
         self.set(id, Stream::Upstream { flow, usage: None });
         let mut effects = Vec::new();
         if let Some(g) = governed {
@@ -644,6 +632,15 @@ impl Worker {
             );
         }
     }
+}
+
+/// Where a request's body stands when admission decides it: ended, how much of it Envoy holds
+/// for the filter now, and whether the request is paused by a tick (it must be resumed to go).
+#[derive(Clone, Copy)]
+struct BodyAt {
+    done: bool,
+    buffered: usize,
+    from_tick: bool,
 }
 
 /// Set `headers` on the response and record what the access log reads of them.
