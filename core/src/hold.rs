@@ -87,38 +87,43 @@ impl Holds {
             // Held requests of this (pool, account) go first: wait behind them. Answered,
             // it is told its turn: after what the queue behind the head takes, and its own.
             let blocked = last.blocked.aged(env.now() - last.blocked_at_ms);
-            let queue = self.queues.get(&key).into_iter().flatten().skip(1);
-            let tokens = queue.map(|h| gov.cost_at(&blocked, &h.flow)).sum::<u64>()
-                + gov.cost_at(&blocked, &flow);
-            return self.hold_or_reply(gov, flow, blocked, tokens, budget_ms, id, env);
+            if !self.may_hold(gov, &blocked, budget_ms) {
+                let queue = self.queues.get(&key).into_iter().flatten().skip(1);
+                let tokens = queue.map(|h| gov.cost_at(&blocked, &h.flow)).sum::<u64>()
+                    + gov.cost_at(&blocked, &flow);
+                let reply = gov.reply_for(&flow, &gov.later_by(blocked, tokens), env);
+                return Outcome::Reply(flow, reply);
+            }
+            return self.hold(flow, blocked, budget_ms, id, env);
         }
         match gov.admit(&mut flow, env) {
             Admission::Go => Outcome::Go(flow),
+            Admission::Wait(blocked) if self.may_hold(gov, &blocked, budget_ms) => {
+                self.hold(flow, blocked, budget_ms, id, env)
+            }
             Admission::Wait(blocked) => {
-                self.hold_or_reply(gov, flow, blocked, 0, budget_ms, id, env)
+                let reply = gov.reply_for(&flow, &blocked, env);
+                Outcome::Reply(flow, reply)
             }
         }
     }
 
-    /// Hold the request, or answer it: `ahead` is what requests ahead of it in its queue
-    /// (past its head) take of the refused bucket before its turn, for what it is told.
-    #[allow(clippy::too_many_arguments)]
-    fn hold_or_reply(
+    /// Whether a request blocked so may be held: holding is on for it, there is room, the wait
+    /// is known to fit its budget (or ends with an event), and waiting can help.
+    fn may_hold(&self, gov: &Governor, blocked: &Blocked, budget_ms: u64) -> bool {
+        let room = (self.held as u64) < gov.cfg.hold.max_held;
+        let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
+        budget_ms > 0 && room && fits && blocked.holdable()
+    }
+
+    fn hold(
         &mut self,
-        gov: &Governor,
         flow: Flow,
         blocked: Blocked,
-        ahead: u64,
         budget_ms: u64,
         id: u32,
         env: &mut Env,
     ) -> Outcome {
-        let room = (self.held as u64) < gov.cfg.hold.max_held;
-        let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
-        if budget_ms == 0 || !room || !fits || !blocked.holdable() {
-            let reply = gov.reply_for(&flow, &gov.later_by(blocked, ahead), env);
-            return Outcome::Reply(flow, reply);
-        }
         let now = env.now();
         env.metrics.count(flow.home_pool, Counter::Held);
         env.metrics.add(flow.home_pool, Gauge::HeldRequests, 1);
@@ -179,10 +184,17 @@ impl Holds {
             // requests between the head and it take of the bucket.
             let before = queue.len();
             let mut kept = VecDeque::with_capacity(before);
-            let head = queue.front().map(|h| h.blocked.aged(now - h.blocked_at_ms));
+            let leaves = |h: &Held| {
+                now >= h.deadline_ms
+                    || known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms)
+            };
+            // The turns are counted only when someone behind the head leaves now.
+            let head = queue
+                .front()
+                .map(|h| h.blocked.aged(now - h.blocked_at_ms))
+                .filter(|_| queue.iter().skip(1).any(leaves));
             let mut ahead = 0u64;
             for (place, h) in queue.drain(..).enumerate() {
-                let outgrown = known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms);
                 let turn = match head {
                     Some(head) if place > 0 => {
                         ahead = ahead.saturating_add(gov.cost_at(&head, &h.flow));
@@ -190,7 +202,7 @@ impl Holds {
                     }
                     _ => None,
                 };
-                if now >= h.deadline_ms || outgrown {
+                if leaves(&h) {
                     out.push(answered(h, turn, now, gov, env));
                 } else {
                     kept.push_back(h);
