@@ -164,10 +164,7 @@ impl Governor {
     pub(crate) fn govern_as(&self, flow: &mut Flow, pool: usize) {
         let p = &self.cfg.pools[pool];
         flow.pool = pool;
-        flow.account = p
-            .account
-            .as_deref()
-            .map_or(flow.client_account, |label| self.id(label.as_bytes()));
+        flow.account = self.label_ids[pool].unwrap_or(flow.client_account);
         flow.dialect = match p.dialect {
             _ if pool == flow.home_pool => flow.home_dialect,
             Dialect::Auto => flow.home_dialect,

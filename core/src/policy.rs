@@ -22,6 +22,8 @@ pub struct Governor {
     pub(crate) ids: keys::HashKey,
     /// Per pool: the id of its name, for `key: pool` limits.
     pub(crate) pool_ids: Vec<u64>,
+    /// Per pool: the id of its `account` label, when it names one (hashed once, not per request).
+    pub(crate) label_ids: Vec<Option<u64>>,
     /// Some limit reserves tokens or is keyed by model: the request body is read.
     pub(crate) reads_body: bool,
     /// Some limit is keyed by model: the path is searched for one.
@@ -36,6 +38,11 @@ impl Governor {
             .iter()
             .map(|p| ids.id(p.name.as_bytes()))
             .collect();
+        let label_ids = cfg
+            .pools
+            .iter()
+            .map(|p| p.account.as_deref().map(|label| ids.id(label.as_bytes())))
+            .collect();
         let keys_by_model = cfg
             .limits
             .iter()
@@ -49,6 +56,7 @@ impl Governor {
             cfg,
             ids,
             pool_ids,
+            label_ids,
             reads_body,
             keys_by_model,
         }
