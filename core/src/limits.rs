@@ -270,14 +270,10 @@ impl<'a> Limits<'a> {
                 env.leases.give((t.limit, key_id));
                 continue;
             }
-            let (key, amount) = (t.key, t.tokens);
-            let shape = self.limits[t.limit].shape();
             let now = env.now();
-            if let Err(e) = update_bucket(env, &key, None, shape, |b| {
-                (Some(b.give(shape, now, amount)), ())
-            }) {
-                keyspace::store_failed(pool, &key, &e, env);
-            }
+            self.adjust(t.limit, &t.key, pool, env, |b, shape| {
+                b.give(shape, now, t.tokens)
+            });
         }
         for s in slots.drain(..) {
             self.release_slot(&s, pool, env);
@@ -334,18 +330,29 @@ impl<'a> Limits<'a> {
             if tokens == reserved {
                 continue;
             }
-            let shape = self.limits[i].shape();
-            let result = update_bucket(env, &key, None, shape, |b| {
-                let settled = if tokens >= reserved {
+            self.adjust(i, &key, flow.pool, env, |b, shape| {
+                if tokens >= reserved {
                     b.charge(shape, now, tokens - reserved)
                 } else {
                     b.give(shape, now, reserved - tokens)
-                };
-                (Some(settled), ())
+                }
             });
-            if let Err(e) = result {
-                keyspace::store_failed(flow.pool, &key, &e, env);
-            }
+        }
+    }
+
+    /// Move the bucket of limit `limit` at `key` by `f` (a give-back, a settle), counting a
+    /// failed update against `pool`.
+    fn adjust(
+        &self,
+        limit: usize,
+        key: &str,
+        pool: usize,
+        env: &mut Env,
+        f: impl Fn(Bucket, Shape) -> Bucket,
+    ) {
+        let shape = self.limits[limit].shape();
+        if let Err(e) = update_bucket(env, key, None, shape, |b| (Some(f(b, shape)), ())) {
+            keyspace::store_failed(pool, key, &e, env);
         }
     }
 }
