@@ -71,7 +71,49 @@ pub struct Config {
     pub limits: Vec<Limit>,
     pub max_keys: u64,
     pub hold: Hold,
+    /// The rate-limit service several Envoys share budgets through (`limits[].scope: fleet`).
+    pub fleet: Option<Fleet>,
 }
+
+/// The rate-limit service a fleet of Envoys shares its `scope: fleet` budgets through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fleet {
+    /// The Envoy cluster (HTTP/2) of the service.
+    pub cluster: String,
+    /// The RLS domain (Limitador's namespace).
+    pub domain: String,
+    /// How long a call may take before the fallback applies.
+    pub timeout_ms: u64,
+    pub on_error: OnError,
+    /// Token budgets use Limitador's Reserve / Commit (false: charged at admission, topped up
+    /// after, never refunded).
+    pub reservations: bool,
+}
+
+/// What a fleet limit does while the service cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// This Envoy's own bucket of the same rate decides.
+    Local,
+    /// The request goes.
+    Allow,
+    /// The request is answered locally (429).
+    Deny,
+}
+
+/// Where a limit is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In this Envoy's shared data.
+    Local,
+    /// By the fleet's rate-limit service.
+    Fleet,
+}
+
+/// The default RLS domain of fleet limits (Limitador's namespace).
+pub const DEFAULT_FLEET_DOMAIN: &str = "llm_governor";
+const DEFAULT_FLEET_TIMEOUT_MS: u64 = 50;
+const MAX_FLEET_TIMEOUT_MS: u64 = 10_000;
 
 /// Holding requests through short waits instead of answering them locally.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +227,7 @@ pub struct Limit {
     pub default_output_tokens: u64,
     /// `Tokens` that reserve: what the reservation becomes when the stream ends.
     pub settle: Settle,
+    pub scope: Scope,
 }
 
 /// What a token reservation becomes at the end of its stream.
@@ -241,6 +284,7 @@ impl Default for Config {
                     .map(|s| s.to_string())
                     .collect(),
             },
+            fleet: None,
         }
     }
 }
@@ -285,6 +329,17 @@ struct ConfigDto {
     limits: Option<Bounded<LimitDto, MAX_LIMITS>>,
     max_keys: Option<Int<1, MAX_KEYS>>,
     hold: Option<HoldDto>,
+    fleet: Option<FleetDto>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetDto {
+    cluster: Option<ClusterName>,
+    domain: Option<Domain>,
+    timeout_ms: Option<Int<1, MAX_FLEET_TIMEOUT_MS>>,
+    on_error: Option<OnErrorSpec>,
+    reservations: Option<Flag>,
 }
 
 #[derive(Deserialize)]
@@ -344,6 +399,7 @@ struct LimitDto {
     reserve: Option<Flag>,
     default_output_tokens: Option<Deferred>,
     settle: Option<SettleSpec>,
+    scope: Option<ScopeSpec>,
 }
 
 #[derive(Deserialize)]
@@ -426,6 +482,28 @@ impl TryFrom<ConfigDto> for Config {
             set(&mut c.margin_ms, h.margin_ms.map(|v| v.0));
             if let Some(Bounded(headers)) = h.deadline_headers {
                 c.deadline_headers = headers.into_iter().map(|h| h.0).collect();
+            }
+        }
+        if let Some(f) = dto.fleet {
+            let Some(ClusterName(cluster)) = f.cluster else {
+                return Err(err("fleet.cluster", "is required".into()));
+            };
+            cfg.fleet = Some(Fleet {
+                cluster,
+                domain: f
+                    .domain
+                    .map_or_else(|| DEFAULT_FLEET_DOMAIN.to_string(), |d| d.0),
+                timeout_ms: f.timeout_ms.map_or(DEFAULT_FLEET_TIMEOUT_MS, |v| v.0),
+                on_error: f.on_error.map_or(OnError::Local, |v| v.0),
+                reservations: f.reservations.map_or(true, |v| v.0),
+            });
+        }
+        if cfg.fleet.is_none() {
+            if let Some(i) = cfg.limits.iter().position(|l| l.scope == Scope::Fleet) {
+                return Err(err(
+                    &format!("limits[{i}].scope"),
+                    "\"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)".into(),
+                ));
             }
         }
         Ok(cfg)
@@ -620,6 +698,16 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
         Some(SettleSpec(s)) => s,
         None => Settle::Auto,
     };
+    let scope = match dto.scope {
+        Some(ScopeSpec(Scope::Fleet)) if kind == LimitKind::InFlight => {
+            return Err(err(
+                &format!("{at}.scope"),
+                "max_in_flight is exact per Envoy; a fleet-wide cap is not offered".into(),
+            ))
+        }
+        Some(ScopeSpec(s)) => s,
+        None => Scope::Local,
+    };
     Ok(Limit {
         name,
         key,
@@ -630,6 +718,7 @@ fn limit_from(dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
         reserve,
         default_output_tokens,
         settle,
+        scope,
     })
 }
 
@@ -753,6 +842,52 @@ leaf!(
         s => Err(format!(
             "must be \"auto\", \"usage\" or \"reservation\", got {s:?}"
         )),
+    }
+);
+
+leaf!(
+    ScopeSpec(Scope) = |v| match v.string()? {
+        "local" => Ok(Scope::Local),
+        "fleet" => Ok(Scope::Fleet),
+        s => Err(format!("must be \"local\" or \"fleet\", got {s:?}")),
+    }
+);
+
+leaf!(
+    OnErrorSpec(OnError) = |v| match v.string()? {
+        "local" => Ok(OnError::Local),
+        "allow" => Ok(OnError::Allow),
+        "deny" => Ok(OnError::Deny),
+        s => Err(format!(
+            "must be \"local\", \"allow\" or \"deny\", got {s:?}"
+        )),
+    }
+);
+
+leaf!(
+    /// `fleet.cluster`: an Envoy cluster name (Envoy's own rule: no control characters, at
+    /// most 255 bytes; whether the cluster exists is checked by the host at load).
+    ClusterName(String) = |v| {
+        let s = v.string()?;
+        if s.is_empty() || s.len() > 255 || s.bytes().any(|b| b.is_ascii_control()) {
+            Err(format!("must be an Envoy cluster name (1 to 255 printable bytes), got {s:?}"))
+        } else {
+            Ok(s.to_string())
+        }
+    }
+);
+
+leaf!(
+    /// `fleet.domain`: the RLS domain (Limitador's namespace).
+    Domain(String) = |v| {
+        let s = v.string()?;
+        if s.trim().is_empty() {
+            Err("must not be empty".into())
+        } else if s.len() > 255 {
+            Err("must be at most 255 bytes".into())
+        } else {
+            Ok(s.to_string())
+        }
     }
 );
 
@@ -1189,7 +1324,7 @@ mod tests {
             (
                 r#"{"bogus": 1}"#,
                 "bogus: unknown field (expected one of: pools, account_headers, retry_after, \
-                 cooldown, preemptive, limits, max_keys, hold)",
+                 cooldown, preemptive, limits, max_keys, hold, fleet)",
             ),
             (
                 r#"{"retry_after": {"bogus": 1}}"#,
@@ -1260,6 +1395,35 @@ mod tests {
             (
                 r#"{"account_headers": 1, "pools": 1}"#,
                 "pools: must be an array, got a number",
+            ),
+            (
+                r#"{"limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}]}"#,
+                "limits[0].scope: \"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)",
+            ),
+            (r#"{"fleet": {}}"#, "fleet.cluster: is required"),
+            (
+                r#"{"fleet": {"cluster": "rls", "domain": " "}}"#,
+                "fleet.domain: must not be empty",
+            ),
+            (
+                r#"{"fleet": {"cluster": ""}}"#,
+                "fleet.cluster: must be an Envoy cluster name (1 to 255 printable bytes), got \"\"",
+            ),
+            (
+                r#"{"fleet": {"cluster": "rls", "timeout_ms": 0}}"#,
+                "fleet.timeout_ms: must be between 1 and 10000",
+            ),
+            (
+                r#"{"fleet": {"cluster": "rls", "on_error": "open"}}"#,
+                "fleet.on_error: must be \"local\", \"allow\" or \"deny\", got \"open\"",
+            ),
+            (
+                r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "max_in_flight": 1, "scope": "fleet"}]}"#,
+                "limits[0].scope: max_in_flight is exact per Envoy; a fleet-wide cap is not offered",
+            ),
+            (
+                r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "global"}]}"#,
+                "limits[0].scope: must be \"local\" or \"fleet\", got \"global\"",
             ),
         ];
         for (input, want) in cases {

@@ -1,6 +1,7 @@
 //! The boundary between the core's `Worker` and a host: what the host lends each call, and the
 //! effects it applies for a stream (in order, then continue or pause).
 
+use crate::fleet::ServiceCall;
 use crate::metrics::Metrics;
 use crate::reply::LocalReply;
 use crate::store::SharedStore;
@@ -64,6 +65,10 @@ pub enum Effect {
     ResumeRequest,
     /// Let the paused response go on (after a tick).
     ResumeResponse,
+    /// Call the fleet's rate-limit service on `fleet.cluster` for this stream, and report what
+    /// became of it with `Worker::on_service_answer`. If it cannot be sent, tell
+    /// `Worker::failed` (`Failure::Call`).
+    CallService(ServiceCall),
 }
 
 impl Effect {
@@ -74,6 +79,7 @@ impl Effect {
             Effect::StripSteeringHeader => Some(Failure::Strip),
             Effect::SendReply(_) => Some(Failure::Reply),
             Effect::ResumeRequest => Some(Failure::Resume),
+            Effect::CallService(call) => Some(Failure::Call(call.seq)),
             _ => None,
         }
     }
@@ -91,6 +97,7 @@ impl Effect {
             Effect::SendReply(_) => "sending a local answer (the request goes on)",
             Effect::ResumeRequest => "resuming a request",
             Effect::ResumeResponse => "resuming a response",
+            Effect::CallService(_) => "calling the fleet's rate-limit service",
         }
     }
 }
@@ -119,6 +126,11 @@ impl Reaction {
     pub(crate) fn go_on() -> Reaction {
         Reaction::new(Vec::new(), Action::Continue)
     }
+
+    /// Nothing to do, and the stream stays as it is.
+    pub(crate) fn none() -> Reaction {
+        Reaction::new(Vec::new(), Action::Pause)
+    }
 }
 
 /// An effect the host could not apply.
@@ -130,4 +142,6 @@ pub enum Failure {
     Reply,
     /// The paused request could not be resumed (the stream is gone).
     Resume,
+    /// The call to the fleet's service with this `seq` could not be sent.
+    Call(u32),
 }

@@ -4,9 +4,11 @@
 use crate::classify::Dialect;
 use crate::config::{LimitKey, Pool};
 use crate::estimate::{self, Estimate};
+use crate::fleet::FleetCharge;
 use crate::headers::Headers;
 use crate::inflight::Slot;
 use crate::keys;
+use crate::limits::Taken;
 use crate::policy::Governor;
 use crate::reply::STEERING_HEADER;
 
@@ -61,8 +63,24 @@ pub struct Flow {
     pub released: bool,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
+    /// When it was held: the moment its hold budget runs out.
+    pub hold_deadline_ms: Option<u64>,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
+    /// What fleet limits need of the request (None without fleet limits: one pointer).
+    pub fleet: Option<Box<FleetFlow>>,
+}
+
+/// What a request under fleet limits carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetFlow {
+    /// What the local limits took, given back if the fleet refuses.
+    pub taken: Vec<Taken>,
+    /// (limit index, the raw key value) of fleet limits keyed by a header that is not a
+    /// credential, or by model: what the descriptor carries.
+    pub keys: Vec<(usize, String)>,
+    /// Token budgets the fleet charged at admission, settled when the stream ends.
+    pub charges: Vec<FleetCharge>,
 }
 
 /// A token budget a request is charged to when its stream ends.
@@ -87,12 +105,22 @@ pub struct HeldSlot {
 impl Flow {
     /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
     pub fn owes_at_end(&self) -> bool {
-        !self.slots.is_empty() || self.released
+        !self.slots.is_empty() || self.released || self.fleet_charged()
     }
 
-    /// Whether it holds a token reservation to settle.
+    /// Whether the fleet charged it a token budget, settled at the end.
+    pub fn fleet_charged(&self) -> bool {
+        self.fleet.as_ref().is_some_and(|f| !f.charges.is_empty())
+    }
+
+    /// What fleet limits need of it (made on first use).
+    pub fn fleet_mut(&mut self) -> &mut FleetFlow {
+        self.fleet.get_or_insert_with(Box::default)
+    }
+
+    /// Whether it holds a token reservation to settle (locally or at the fleet).
     pub fn reserves(&self) -> bool {
-        self.charges.iter().any(|c| c.reserved > 0)
+        self.charges.iter().any(|c| c.reserved > 0) || self.fleet_charged()
     }
 }
 
@@ -153,8 +181,16 @@ impl Governor {
             slots: Vec::new(),
             released: false,
             held_ms: None,
+            hold_deadline_ms: None,
             client_retry: is_client_retry(&req.headers),
+            fleet: None,
         };
+        if !self.fleet_limits.is_empty() {
+            flow.fleet = Some(Box::new(FleetFlow {
+                keys: self.fleet_keys_of(req.path, &req.headers),
+                ..FleetFlow::default()
+            }));
+        }
         self.govern_as(&mut flow, pool);
         flow
     }
@@ -193,6 +229,9 @@ impl Governor {
         if flow.model_id == keys::NO_MODEL {
             if let Some(model) = est.model.and_then(|(from, to)| body.get(from..to)) {
                 flow.model_id = self.id(model);
+                if !self.fleet_limits.is_empty() {
+                    self.fleet_model_found(flow, model);
+                }
             }
         }
         flow.estimate = Some(est);

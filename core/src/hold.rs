@@ -108,6 +108,25 @@ impl Holds {
         }
     }
 
+    /// A request the fleet's service refused (admitted locally, then refused by a fleet
+    /// limit): held if it may be, at the head of its queue when it was held before (it keeps
+    /// its place), else answered.
+    pub fn refused(
+        &mut self,
+        gov: &Governor,
+        flow: Flow,
+        blocked: Blocked,
+        budget_ms: u64,
+        id: u32,
+        env: &mut Env,
+    ) -> Outcome {
+        if self.may_hold(gov, &blocked, budget_ms) {
+            return self.hold(flow, blocked, budget_ms, id, env);
+        }
+        let reply = gov.reply_for(&flow, &blocked, env);
+        Outcome::Reply(flow, reply)
+    }
+
     /// Whether a request blocked so may be held: holding is on for it, there is room, the wait
     /// is known to fit its budget (or ends with an event), and waiting can help.
     fn may_hold(&self, gov: &Governor, blocked: &Blocked, budget_ms: u64) -> bool {
@@ -118,28 +137,37 @@ impl Holds {
 
     fn hold(
         &mut self,
-        flow: Flow,
+        mut flow: Flow,
         blocked: Blocked,
         budget_ms: u64,
         id: u32,
         env: &mut Env,
     ) -> Outcome {
         let now = env.now();
-        env.metrics.count(flow.home_pool, Counter::Held);
+        // Held before (released, then refused by the fleet): it keeps its place and its time.
+        let before = flow.held_ms.take();
+        if before.is_none() {
+            env.metrics.count(flow.home_pool, Counter::Held);
+        }
         env.metrics.add(flow.home_pool, Gauge::HeldRequests, 1);
         self.held += 1;
-        self.queues
-            .entry(queue_key(&flow))
-            .or_default()
-            .push_back(Held {
-                id,
-                flow,
-                since_ms: now,
-                deadline_ms: now.saturating_add(budget_ms),
-                blocked,
-                blocked_at_ms: now,
-                next_check_ms: now.saturating_add(blocked.recheck_in_ms()),
-            });
+        let deadline_ms = now.saturating_add(budget_ms);
+        flow.hold_deadline_ms = Some(deadline_ms);
+        let held = Held {
+            id,
+            since_ms: now.saturating_sub(before.unwrap_or(0)),
+            deadline_ms,
+            blocked,
+            blocked_at_ms: now,
+            next_check_ms: now.saturating_add(blocked.recheck_in_ms()),
+            flow,
+        };
+        let queue = self.queues.entry(queue_key(&held.flow)).or_default();
+        if before.is_some() {
+            queue.push_front(held);
+        } else {
+            queue.push_back(held);
+        }
         Outcome::Held
     }
 
@@ -156,10 +184,17 @@ impl Holds {
                     known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
+                let fleet_refused = matches!(head.blocked,
+                    Blocked::Bucket { limit, .. } if gov.fleet_limits.contains(&limit));
                 match gov.admit(&mut head.flow, env) {
                     Admission::Go => {
                         if let Some(h) = queue.pop_front() {
                             out.push(released(h, now, env));
+                        }
+                        if fleet_refused {
+                            // Only the fleet knows whether its budget has room again: one
+                            // request asks it, the rest wait for a tick after its answer.
+                            break;
                         }
                     }
                     Admission::Wait(b) if !b.holdable() => {

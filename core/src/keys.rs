@@ -187,6 +187,11 @@ fn key(kind: &str, name: &str, id: [u8; 16]) -> String {
     out
 }
 
+/// An id as 16 hex digits: how a credential's id goes to the fleet's service.
+pub fn id_hex(id: u64) -> String {
+    key_id_hex(id).iter().map(|&b| char::from(b)).collect()
+}
+
 /// `{:016x}` of an id.
 fn key_id_hex(id: u64) -> [u8; 16] {
     const HEX: &[u8; 16] = b"0123456789abcdef";

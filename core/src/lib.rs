@@ -12,6 +12,7 @@ pub mod deadline;
 pub mod effects;
 pub mod env;
 pub mod estimate;
+pub mod fleet;
 pub mod flow;
 pub mod headers;
 pub mod hold;

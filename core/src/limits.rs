@@ -6,7 +6,7 @@ use crate::admission::Blocked;
 use crate::bucket::{Bucket, Shape};
 use crate::classify::Dialect;
 use crate::config::Limit;
-use crate::config::{LimitKind, Settle};
+use crate::config::{LimitKind, Scope, Settle};
 use crate::env::Env;
 use crate::flow::{Charge, Flow, HeldSlot};
 use crate::inflight::{self, Slots};
@@ -25,8 +25,10 @@ struct Target {
     own: bool,
 }
 
-/// Something a request took from a limit, to give back if a later limit refuses it.
-struct Taken {
+/// Something a request took from a limit, to give back if a later limit refuses it (or, for a
+/// request under fleet limits, if the fleet refuses it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
     limit: usize,
     /// The bucket's shared-data key (empty for a leased take: it goes back to the lease).
     key: String,
@@ -39,24 +41,75 @@ struct Taken {
 pub struct Limits<'a> {
     limits: &'a [Limit],
     max_keys: u64,
+    /// Some limits are the fleet's: what the local ones took is kept on the flow, to give
+    /// back if the fleet refuses the request.
+    fleet: bool,
 }
 
 impl<'a> Limits<'a> {
-    pub fn new(limits: &'a [Limit], max_keys: u64) -> Limits<'a> {
-        Limits { limits, max_keys }
+    pub fn new(limits: &'a [Limit], max_keys: u64, fleet: bool) -> Limits<'a> {
+        Limits {
+            limits,
+            max_keys,
+            fleet,
+        }
     }
 
-    /// Take every limit of the flow, or none. Shared-data failures admit (fail-open) and count
-    /// `store_contention`: the governor never rejects traffic because of its own bookkeeping.
+    /// Take every local limit of the flow, or none (the fleet's limits are the service's to
+    /// decide). Shared-data failures admit (fail-open) and count `store_contention`: the
+    /// governor never rejects traffic because of its own bookkeeping.
     pub(crate) fn take(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
+        self.take_where(flow, env, |_, l| l.scope == Scope::Local)
+    }
+
+    /// Take the fleet limits `which` in this Envoy's own buckets of the same rate: the fleet's
+    /// service could not answer and the fallback is `local`.
+    pub(crate) fn take_fallback(
+        &self,
+        flow: &mut Flow,
+        which: &[usize],
+        env: &mut Env,
+    ) -> Result<(), Blocked> {
+        self.take_where(flow, env, |i, _| which.contains(&i))
+    }
+
+    /// Give back what the flow's local limits took at admission: the fleet refused it.
+    pub(crate) fn undo(&self, flow: &mut Flow, env: &mut Env) {
+        let taken = flow
+            .fleet
+            .as_mut()
+            .map(|f| std::mem::take(&mut f.taken))
+            .unwrap_or_default();
+        let mut slots = std::mem::take(&mut flow.slots);
+        let n = slots.len() as i64;
+        self.give_back(taken, &mut slots, flow.pool, env);
+        if n > 0 {
+            in_flight_moved(env, flow.pool, -n);
+        }
+        flow.charges.clear();
+    }
+
+    fn take_where(
+        &self,
+        flow: &mut Flow,
+        env: &mut Env,
+        applies: impl Fn(usize, &Limit) -> bool,
+    ) -> Result<(), Blocked> {
         let mut taken: Vec<Taken> = Vec::new();
         let mut charges = Vec::new();
         let mut slots = Vec::new();
-        let count = self.limits.len();
+        let last = self
+            .limits
+            .iter()
+            .enumerate()
+            .rposition(|(i, l)| applies(i, l));
         for (i, limit) in self.limits.iter().enumerate() {
-            // What was taken is kept only to give it back when a later limit refuses: the
-            // last limit's take need not be kept.
-            let later = i + 1 < count;
+            if !applies(i, limit) {
+                continue;
+            }
+            // What was taken is kept only to give it back when a later limit (or the fleet)
+            // refuses: without fleet limits, the last limit's take need not be kept.
+            let later = self.fleet || Some(i) != last;
             let key_id = flow.limit_keys.get(i).copied().unwrap_or(0);
             let now = env.now();
             // What an expired lease of this worker left goes back in this update.
@@ -200,8 +253,11 @@ impl<'a> Limits<'a> {
         if !slots.is_empty() {
             in_flight_moved(env, flow.pool, slots.len() as i64);
         }
-        flow.charges = charges;
-        flow.slots = slots;
+        flow.charges.append(&mut charges);
+        flow.slots.append(&mut slots);
+        if self.fleet {
+            flow.fleet_mut().taken.append(&mut taken);
+        }
         Ok(())
     }
 
@@ -316,6 +372,18 @@ impl<'a> Limits<'a> {
 
     fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
         let now = env.now();
+        // The fleet's budgets settle by the same rule, at the stream's end (`fleet`).
+        if flow.fleet_charged() {
+            let rules: Vec<Settle> = self.limits.iter().map(|l| settle_of(l, flow)).collect();
+            for c in flow.fleet_mut().charges.iter_mut() {
+                let limit = &self.limits[c.limit];
+                c.settled = Some(match (usage, rules[c.limit]) {
+                    (None, _) => 0,
+                    (Some(_), Settle::Reservation) if limit.reserve => c.amount,
+                    (Some(used), _) => used,
+                });
+            }
+        }
         for Charge {
             limit: i,
             key,

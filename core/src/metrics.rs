@@ -32,10 +32,18 @@ pub enum Counter {
     ClientRetries,
     /// A call that succeeded only after a retry (a 2xx to an attempt marked as a retry).
     SucceededAfterRetry,
+    /// The fleet's service answered a call: OK (the budget had room; a commit was taken).
+    FleetCallsOk,
+    /// The fleet's service answered a call: over the limit (the request was held or answered).
+    FleetCallsOverLimit,
+    /// A call to the fleet's service failed: timeout, unavailable, unreadable, not sent.
+    FleetErrors,
+    /// A request the fleet's fallback (`fleet.on_error`) decided, because a call failed.
+    FleetFallback,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 20] = [
+    pub const ALL: [Counter; 24] = [
         Counter::UpstreamRateLimited,
         Counter::UpstreamQuotaExhausted,
         Counter::UpstreamOverloaded,
@@ -56,6 +64,10 @@ impl Counter {
         Counter::Failover,
         Counter::ClientRetries,
         Counter::SucceededAfterRetry,
+        Counter::FleetCallsOk,
+        Counter::FleetCallsOverLimit,
+        Counter::FleetErrors,
+        Counter::FleetFallback,
     ];
 
     pub fn index(self) -> usize {
@@ -84,6 +96,10 @@ impl Counter {
             Counter::Failover => "failover",
             Counter::ClientRetries => "client_retries",
             Counter::SucceededAfterRetry => "succeeded_after_retry",
+            Counter::FleetCallsOk => "fleet_calls_ok",
+            Counter::FleetCallsOverLimit => "fleet_calls_over_limit",
+            Counter::FleetErrors => "fleet_errors",
+            Counter::FleetFallback => "fleet_fallback",
         }
     }
 }
@@ -144,10 +160,16 @@ pub enum Histogram {
     RetryAfterMs,
     /// How long held requests were held.
     HoldMs,
+    /// How long the fleet's service took to answer a call (or to fail).
+    FleetCallMs,
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 2] = [Histogram::RetryAfterMs, Histogram::HoldMs];
+    pub const ALL: [Histogram; 3] = [
+        Histogram::RetryAfterMs,
+        Histogram::HoldMs,
+        Histogram::FleetCallMs,
+    ];
 
     pub fn index(self) -> usize {
         Histogram::ALL.iter().position(|h| *h == self).unwrap_or(0)
@@ -157,6 +179,7 @@ impl Histogram {
         match self {
             Histogram::RetryAfterMs => "retry_after_ms",
             Histogram::HoldMs => "hold_ms",
+            Histogram::FleetCallMs => "fleet_call_ms",
         }
     }
 }
@@ -295,6 +318,7 @@ pub struct Recorded {
     pub sums: Vec<(usize, Gauge, i64)>,
     pub histogram: Vec<(usize, u64)>,
     pub hold_ms: Vec<(usize, u64)>,
+    pub fleet_call_ms: Vec<(usize, u64)>,
 }
 
 impl Recorded {
@@ -336,6 +360,7 @@ impl Metrics for Recorded {
         match h {
             Histogram::RetryAfterMs => self.histogram.push((pool, ms)),
             Histogram::HoldMs => self.hold_ms.push((pool, ms)),
+            Histogram::FleetCallMs => self.fleet_call_ms.push((pool, ms)),
         }
     }
 }

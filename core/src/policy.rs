@@ -28,6 +28,9 @@ pub struct Governor {
     pub(crate) reads_body: bool,
     /// Some limit is keyed by model: the path is searched for one.
     pub(crate) keys_by_model: bool,
+    /// The limits the fleet's service decides (`scope: fleet`), by index; token budgets first
+    /// (a reservation the fleet holds can be released at no cost if another limit refuses).
+    pub(crate) fleet_limits: Vec<usize>,
 }
 
 impl Governor {
@@ -52,6 +55,10 @@ impl Governor {
                 .limits
                 .iter()
                 .any(|l| l.kind == LimitKind::Tokens && l.reserve);
+        let mut fleet_limits: Vec<usize> = (0..cfg.limits.len())
+            .filter(|&i| cfg.limits[i].scope == crate::config::Scope::Fleet)
+            .collect();
+        fleet_limits.sort_by_key(|&i| cfg.limits[i].kind != LimitKind::Tokens);
         Governor {
             cfg,
             ids,
@@ -59,6 +66,7 @@ impl Governor {
             label_ids,
             reads_body,
             keys_by_model,
+            fleet_limits,
         }
     }
 
@@ -84,6 +92,10 @@ impl Governor {
 
     /// The local limits, with what bounds their keys.
     pub fn limits(&self) -> Limits<'_> {
-        Limits::new(&self.cfg.limits, self.cfg.max_keys)
+        Limits::new(
+            &self.cfg.limits,
+            self.cfg.max_keys,
+            !self.fleet_limits.is_empty(),
+        )
     }
 }

@@ -4,8 +4,7 @@
 //! `kuadrant.service.ratelimit.v1` Reserve and Commit (a token budget reserved before the call
 //! and settled after it). Field numbers are the services' own; a host only moves the bytes.
 //!
-//! Nothing calls these yet: they are the first part of fleet limits (a `fleet` section and
-//! `limits[].scope: "fleet"` are not accepted by the configuration until the rest is built).
+//! `fleet` says what is asked and what an answer means; the worker sends them.
 //!
 //! Decoding takes whatever a service sends: unknown fields are skipped by their wire type (as
 //! proto3 does), and a truncated or malformed message is an error value, never a panic.
@@ -105,13 +104,16 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-/// A `RateLimitResponse{overall_code = 1, statuses = 2}`; `DescriptorStatus{code = 1,
-/// current_limit = 2, limit_remaining = 3, duration_until_reset = 4}`. Other fields (headers to
-/// add, dynamic metadata, quotas) are skipped.
+/// A `RateLimitResponse{overall_code = 1, statuses = 2, response_headers_to_add = 3}`;
+/// `DescriptorStatus{code = 1, current_limit = 2, limit_remaining = 3, duration_until_reset =
+/// 4}`. Limitador answers `statuses: []` and reports the reset only as the draft-03 headers
+/// `X-RateLimit-Reset` (seconds) and `X-RateLimit-Remaining` (with `--rate-limit-headers
+/// DRAFT_VERSION_03`): those are read when no status says. Other fields are skipped.
 pub fn decode_response(bytes: &[u8]) -> Result<Answer, DecodeError> {
     let mut answer = Answer::default();
     let mut over: Option<u64> = None;
     let mut any: Option<u64> = None;
+    let (mut headers_reset, mut headers_remaining) = (None, None);
     for field in Fields(bytes) {
         match field? {
             (1, Value::Varint(v)) => answer.code = Some(Code::from_wire(v)),
@@ -127,11 +129,34 @@ pub fn decode_response(bytes: &[u8]) -> Result<Answer, DecodeError> {
                     }
                 }
             }
+            (3, Value::Bytes(header)) => {
+                let (name, value) = decode_header(header)?;
+                let number = || std::str::from_utf8(value).ok()?.trim().parse::<u64>().ok();
+                if name.eq_ignore_ascii_case(b"x-ratelimit-reset") {
+                    headers_reset = number().map(|secs| secs.saturating_mul(1000));
+                } else if name.eq_ignore_ascii_case(b"x-ratelimit-remaining") {
+                    headers_remaining = number();
+                }
+            }
             _ => {}
         }
     }
-    answer.wait_ms = over.or(any);
+    answer.wait_ms = over.or(any).or(headers_reset);
+    answer.remaining = answer.remaining.or(headers_remaining);
     Ok(answer)
+}
+
+/// `config.core.v3.HeaderValue{key = 1, value = 2, raw_value = 3}`.
+fn decode_header(bytes: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
+    let (mut key, mut value): (&[u8], &[u8]) = (b"", b"");
+    for field in Fields(bytes) {
+        match field? {
+            (1, Value::Bytes(k)) => key = k,
+            (2, Value::Bytes(v)) | (3, Value::Bytes(v)) => value = v,
+            _ => {}
+        }
+    }
+    Ok((key, value))
 }
 
 /// A `ReserveResponse{code = 1, reservation_id = 2}`.

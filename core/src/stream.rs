@@ -1,6 +1,7 @@
 //! One stream's state in its worker, from its first callback to its end: what it waits for,
 //! until when, and what it carries to its next callback.
 
+use crate::fleet::{Ask, Said};
 use crate::flow::Flow;
 use crate::headers::WireHeaders;
 use crate::reply::LocalReply;
@@ -47,6 +48,22 @@ pub(crate) enum Stream {
         until_ms: u64,
         arrived: Vec<u8>,
     },
+    /// Admitted locally, it waits for the fleet's service to answer for its fleet limits.
+    AwaitingFleet(FleetWait),
+}
+
+/// A request whose fleet limits were asked: the calls (`first_seq` on, one per ask), what each
+/// answer said so far, and what the request needs when they are all in (or overdue).
+#[derive(Debug)]
+pub(crate) struct FleetWait {
+    pub(crate) flow: Flow,
+    pub(crate) budget_ms: u64,
+    pub(crate) body_ended: bool,
+    pub(crate) sent_ms: u64,
+    pub(crate) until_ms: u64,
+    pub(crate) first_seq: u32,
+    pub(crate) asks: Vec<Ask>,
+    pub(crate) said: Vec<Option<Said>>,
 }
 
 impl Stream {
@@ -57,6 +74,7 @@ impl Stream {
             Stream::ReplyPending { until_ms, .. } | Stream::AwaitingErrorBody { until_ms, .. } => {
                 Some(*until_ms)
             }
+            Stream::AwaitingFleet(w) => Some(w.until_ms),
             Stream::Held { .. } | Stream::Upstream { .. } => None,
         }
     }
@@ -127,6 +145,7 @@ pub enum Stage {
     ReplyPending,
     Upstream,
     AwaitingErrorBody,
+    AwaitingFleet,
     /// Not tracked: answered locally, ended, or never governed.
     Done,
 }

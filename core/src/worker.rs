@@ -8,18 +8,20 @@
 //! a stream that is not in the map is done (answered locally, or never governed).
 
 use crate::classify;
+use crate::config::OnError;
 use crate::deadline;
 pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
+use crate::fleet::{FleetCharge, Said, ServiceCall, ServiceReply};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
-use crate::metrics::{Counter, GaugeCache};
-use crate::policy::{Flow, Governor, RequestView, ResponseStep};
+use crate::metrics::{Counter, GaugeCache, Histogram};
+use crate::policy::{Blocked, Flow, Governor, RequestView, ResponseStep};
 use crate::reply::{self, HELD_MS_HEADER, STEERING_HEADER};
 use crate::retry_after::{Random, Xorshift};
-use crate::stream::{BodyCapability, BodyRead, Stream, Streams};
+use crate::stream::{BodyCapability, BodyRead, FleetWait, Stream, Streams};
 pub use crate::stream::{
     Stage, BODY_WAIT_MS, HEADERS_ONLY_FOR_MS, MAX_ERROR_BODY, REQUEST_BODY_WAIT_MS,
 };
@@ -39,6 +41,12 @@ pub struct Worker {
     leases: Leases,
     rng: Box<dyn Random + Send>,
     gauges: GaugeCache,
+    /// The next call's sequence number.
+    next_seq: u32,
+    /// Calls owed to the fleet's service that belong to no stream (commits at a stream's
+    /// end, releases of reservations not used): the host sends them from its timer
+    /// (`take_owed`), where a call outlives the stream that owed it.
+    owed: Vec<ServiceCall>,
 }
 
 /// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the
@@ -83,6 +91,8 @@ impl Worker {
             leases: Leases::default(),
             rng,
             gauges: GaugeCache::default(),
+            next_seq: 1,
+            owed: Vec::new(),
         }
     }
 
@@ -115,6 +125,7 @@ impl Worker {
             Some(Stream::ReplyPending { .. }) => Stage::ReplyPending,
             Some(Stream::Upstream { .. }) => Stage::Upstream,
             Some(Stream::AwaitingErrorBody { .. }) => Stage::AwaitingErrorBody,
+            Some(Stream::AwaitingFleet(_)) => Stage::AwaitingFleet,
             None => Stage::Done,
         }
     }
@@ -134,9 +145,61 @@ impl Worker {
         }
     }
 
-    /// Nothing waits and nothing is held: no tick is needed.
+    /// Nothing waits, nothing is held and no call is owed: no tick is needed.
     pub fn is_idle(&self) -> bool {
-        self.due.is_empty() && self.holds.is_empty()
+        self.due.is_empty() && self.holds.is_empty() && self.owed.is_empty()
+    }
+
+    /// The calls owed to the fleet's service that belong to no stream, for the host to send
+    /// from its timer (the root context: they outlive the stream) and to answer with
+    /// `on_service_answer(None, …)`.
+    pub fn take_owed(&mut self) -> Vec<ServiceCall> {
+        std::mem::take(&mut self.owed)
+    }
+
+    /// What became of the call `seq` (of stream `stream`, or owed by none): the fleet's
+    /// answer decides the request once every call of its admission is in.
+    pub fn on_service_answer(
+        &mut self,
+        stream: Option<u32>,
+        seq: u32,
+        reply: ServiceReply,
+        lent: &mut Lent,
+    ) -> Reaction {
+        let Some(id) = stream else {
+            // A commit or a release: only counted.
+            let c = match reply {
+                ServiceReply::Message(_) => Counter::FleetCallsOk,
+                ServiceReply::Failed(_) => Counter::FleetErrors,
+            };
+            lent.metrics.count(self.gov.cfg.pools.len() - 1, c);
+            return Reaction::none();
+        };
+        let Some(Stream::AwaitingFleet(w)) = self.streams.get_mut(&id) else {
+            return Reaction::none(); // late: the stream went on without it
+        };
+        let at = seq.wrapping_sub(w.first_seq) as usize;
+        if at >= w.asks.len() || w.said[at].is_some() {
+            return Reaction::none();
+        }
+        let said = self.gov.said(&w.asks[at], reply);
+        let pool = w.flow.pool;
+        let elapsed = (lent.clock)().saturating_sub(w.sent_ms);
+        lent.metrics
+            .histogram(pool, Histogram::FleetCallMs, elapsed);
+        lent.metrics.count(
+            pool,
+            match said {
+                Said::Ok { .. } => Counter::FleetCallsOk,
+                Said::Over { .. } => Counter::FleetCallsOverLimit,
+                Said::Failed => Counter::FleetErrors,
+            },
+        );
+        w.said[at] = Some(said);
+        if w.said.iter().all(Option::is_some) {
+            return self.fleet_decided(id, lent);
+        }
+        Reaction::none()
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -179,6 +242,7 @@ impl Worker {
             done: end_of_stream,
             buffered: 0,
             from_tick: false,
+            budget_ms,
         };
         let mut r = self.admit(id, flow, budget_ms, at, clock, lent);
         effects.append(&mut r.effects);
@@ -210,7 +274,8 @@ impl Worker {
                 }
                 self.admit_read(id, Some(body_size), end_of_stream, lent)
             }
-            Some(Stream::Held { body_ended }) => {
+            Some(Stream::Held { body_ended })
+            | Some(Stream::AwaitingFleet(FleetWait { body_ended, .. })) => {
                 // Envoy buffers the body until the request is let go; continuing here would
                 // release the held headers too.
                 *body_ended |= end_of_stream;
@@ -229,7 +294,8 @@ impl Worker {
     pub fn on_request_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
         match self.streams.get_mut(&id) {
             Some(Stream::ReadingBody(_)) => self.admit_read(id, None, true, lent),
-            Some(Stream::Held { body_ended }) => {
+            Some(Stream::Held { body_ended })
+            | Some(Stream::AwaitingFleet(FleetWait { body_ended, .. })) => {
                 *body_ended = true;
                 Reaction::new(Vec::new(), Action::Pause)
             }
@@ -264,7 +330,8 @@ impl Worker {
             .get_str(":status")
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
-        let scan_usage = !flow.charges.is_empty() && (200..300).contains(&status) && !end_of_stream;
+        let charged = !flow.charges.is_empty() || flow.fleet_charged();
+        let scan_usage = charged && (200..300).contains(&status) && !end_of_stream;
         let governed = classify::is_governed_status(status);
         // An error the provider sent used no tokens: its reservations are given back. Envoy's
         // own errors (a reset, a timeout) say nothing of what the provider did: kept.
@@ -368,22 +435,53 @@ impl Worker {
         };
         // Most streams owe nothing at their end: the clock is read only for those that do.
         borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+        let mut settled = Vec::new();
         match stream {
             Stream::Upstream { mut flow, usage } => {
                 let usage = usage.and_then(|s| s.total());
                 if flow.owes_at_end() || usage.is_some() {
                     g.on_stream_end(&mut flow, usage, &mut env);
                 }
+                settled = flow.fleet.map(|f| f.charges).unwrap_or_default();
             }
             Stream::AwaitingErrorBody { mut flow, .. } => {
                 if flow.owes_at_end() {
                     g.on_stream_end(&mut flow, None, &mut env);
                 }
+                settled = flow.fleet.map(|f| f.charges).unwrap_or_default();
             }
             Stream::Held { .. } => {
                 holds.forget(id, &mut env);
             }
+            Stream::AwaitingFleet(w) => {
+                // Gone before the fleet answered: what it took locally goes back, and what
+                // the fleet reserved for it so far is released.
+                let FleetWait {
+                    mut flow,
+                    asks,
+                    said,
+                    ..
+                } = w;
+                g.limits().undo(&mut flow, &mut env);
+                g.give_back_release(&mut flow, &mut env);
+                let unused = asks.into_iter().zip(said).filter_map(|(a, s)| match s {
+                    Some(Said::Ok {
+                        reservation: Some(r),
+                    }) => Some((a.limit, a.key, r)),
+                    _ => None,
+                });
+                for (limit, key, r) in unused {
+                    let seq = next(&mut self.next_seq);
+                    self.owed.push(g.release_call(limit, key, &r, seq));
+                }
+            }
             Stream::ReadingBody(_) | Stream::ReplyPending { .. } => {}
+        }
+        for charge in settled {
+            let seq = next(&mut self.next_seq);
+            if let Some(call) = g.settle_call(&charge, seq) {
+                self.owed.push(call);
+            }
         }
     }
 
@@ -401,6 +499,10 @@ impl Worker {
             Failure::Resume => {
                 self.on_end(id, lent);
                 Reaction::new(Vec::new(), Action::Pause)
+            }
+            // A call that could not be sent is a call that failed: the fallback decides.
+            Failure::Call(seq) => {
+                self.on_service_answer(Some(id), seq, ServiceReply::Failed(0), lent)
             }
         }
     }
@@ -424,6 +526,15 @@ impl Worker {
                     r
                 }
                 Some(Stream::ReplyPending { .. }) => self.send_pending(id),
+                // The service never answered within its timeout: the unanswered calls failed.
+                Some(Stream::AwaitingFleet(w)) => {
+                    let (pool, n) = (w.flow.pool, w.said.iter().filter(|s| s.is_none()).count());
+                    for _ in 0..n {
+                        lent.metrics.count(pool, Counter::FleetErrors);
+                    }
+                    // `fleet_decided` reads an unanswered call as failed.
+                    self.fleet_decided(id, lent)
+                }
                 Some(Stream::ReadingBody(read)) => {
                     // The body is slow, or body callbacks never come: admit on what arrived.
                     if !read.seen && !self.body.proven {
@@ -444,10 +555,15 @@ impl Worker {
                     Some(Stream::Held { body_ended }) => body_ended,
                     _ => false,
                 };
+                let budget_ms = match &outcome {
+                    Outcome::Go(flow) => flow.hold_deadline_ms.map_or(0, |d| d.saturating_sub(now)),
+                    _ => 0,
+                };
                 let at = BodyAt {
                     done: body_ended,
                     buffered: 0,
                     from_tick: true,
+                    budget_ms,
                 };
                 out.push((id, self.take(id, outcome, at, &Clock::At(now))));
             }
@@ -501,20 +617,14 @@ impl Worker {
             done: body_done,
             buffered,
             from_tick,
+            budget_ms,
         } = at;
         let mut effects = Vec::new();
         match outcome {
-            Outcome::Go(flow) => {
-                if let Some(name) = self.gov.steered_to(&flow) {
-                    effects.push(Effect::Steer(name.to_string()));
-                }
-                self.set(id, Stream::Upstream { flow, usage: None });
-                if from_tick {
-                    effects.push(Effect::ResumeRequest);
-                    return Reaction::new(effects, Action::Pause);
-                }
-                Reaction::new(effects, Action::Continue)
+            Outcome::Go(flow) if !self.gov.fleet_limits().is_empty() => {
+                self.ask_fleet(id, flow, body_done, budget_ms, clock)
             }
+            Outcome::Go(flow) => self.let_go(id, flow, from_tick),
             Outcome::Held => {
                 self.set(
                     id,
@@ -539,6 +649,178 @@ impl Worker {
                 Reaction::new(effects, Action::Pause)
             }
         }
+    }
+
+    /// Forward a request admitted (locally, and by the fleet when it has fleet limits).
+    fn let_go(&mut self, id: u32, flow: Flow, from_tick: bool) -> Reaction {
+        let mut effects = Vec::new();
+        if let Some(name) = self.gov.steered_to(&flow) {
+            effects.push(Effect::Steer(name.to_string()));
+        }
+        self.set(id, Stream::Upstream { flow, usage: None });
+        if from_tick {
+            effects.push(Effect::ResumeRequest);
+            return Reaction::new(effects, Action::Pause);
+        }
+        Reaction::new(effects, Action::Continue)
+    }
+
+    /// Admitted locally: ask the fleet's service for every fleet limit, at once, and wait.
+    fn ask_fleet(
+        &mut self,
+        id: u32,
+        flow: Flow,
+        body_ended: bool,
+        budget_ms: u64,
+        clock: &Clock,
+    ) -> Reaction {
+        let asks = self.gov.fleet_asks(&flow);
+        let first_seq = self.next_seq;
+        let effects = asks
+            .iter()
+            .map(|ask| {
+                let seq = next(&mut self.next_seq);
+                Effect::CallService(self.gov.ask_call(ask, seq))
+            })
+            .collect();
+        let now = clock.now();
+        let timeout = self.gov.cfg.fleet.as_ref().map_or(0, |f| f.timeout_ms);
+        let said = vec![None; asks.len()];
+        let wait = FleetWait {
+            flow,
+            budget_ms,
+            body_ended,
+            sent_ms: now,
+            until_ms: now + timeout + crate::fleet::ANSWER_SLACK_MS,
+            first_seq,
+            asks,
+            said,
+        };
+        self.set(id, Stream::AwaitingFleet(wait));
+        Reaction::new(effects, Action::Pause)
+    }
+
+    /// Every call of a request's admission is in (or overdue): go, or be held or answered as
+    /// the fleet (or, for calls that failed, `fleet.on_error`) says.
+    fn fleet_decided(&mut self, id: u32, lent: &mut Lent) -> Reaction {
+        let Some(Stream::AwaitingFleet(w)) = self.take_stream(id) else {
+            return Reaction::none();
+        };
+        let FleetWait {
+            mut flow,
+            budget_ms,
+            body_ended,
+            asks,
+            said,
+            ..
+        } = w;
+        let said: Vec<Said> = said
+            .into_iter()
+            .map(|s| s.unwrap_or(Said::Failed))
+            .collect();
+        let on_error = self
+            .gov
+            .cfg
+            .fleet
+            .as_ref()
+            .map_or(OnError::Local, |f| f.on_error);
+        let default_ms = self.gov.cfg.retry_after.default_ms;
+        let mut owed = Vec::new();
+        let mut now = None;
+        let outcome = {
+            borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+            let over = asks.iter().zip(&said).find_map(|(a, s)| match s {
+                Said::Over { wait_ms } => Some((a.limit, *wait_ms)),
+                _ => None,
+            });
+            let failed: Vec<usize> = asks
+                .iter()
+                .zip(&said)
+                .filter(|(_, s)| matches!(s, Said::Failed))
+                .map(|(a, _)| a.limit)
+                .collect();
+            let mut refused = None;
+            let mut deny = false;
+            if let Some((limit, wait_ms)) = over {
+                refused = Some(Blocked::Bucket {
+                    limit,
+                    wait_ms: wait_ms.unwrap_or(default_ms).max(1),
+                    remaining: 0,
+                });
+            } else if !failed.is_empty() {
+                env.metrics.count(flow.pool, Counter::FleetFallback);
+                match on_error {
+                    OnError::Allow => {}
+                    OnError::Deny => {
+                        deny = true;
+                        refused = Some(Blocked::Bucket {
+                            limit: failed[0],
+                            wait_ms: default_ms,
+                            remaining: 0,
+                        });
+                    }
+                    OnError::Local => {
+                        refused = g.limits().take_fallback(&mut flow, &failed, &mut env).err();
+                    }
+                }
+            }
+            match refused {
+                None => {
+                    for (a, s) in asks.into_iter().zip(said) {
+                        let Said::Ok { reservation } = s else {
+                            continue;
+                        };
+                        if g.cfg.limits[a.limit].kind == crate::config::LimitKind::Tokens {
+                            flow.fleet_mut().charges.push(FleetCharge {
+                                limit: a.limit,
+                                key: a.key,
+                                amount: a.amount,
+                                reservation,
+                                settled: None,
+                            });
+                        }
+                    }
+                    Outcome::Go(flow)
+                }
+                Some(blocked) => {
+                    // What the request holds goes back: the local takes, the pace's release,
+                    // the fleet's reservations (released at no cost).
+                    for (a, s) in asks.into_iter().zip(said) {
+                        if let Said::Ok {
+                            reservation: Some(r),
+                        } = s
+                        {
+                            owed.push((a.limit, a.key, r));
+                        }
+                    }
+                    g.limits().undo(&mut flow, &mut env);
+                    g.give_back_release(&mut flow, &mut env);
+                    now = Some(env.now());
+                    if deny {
+                        let reply = g.reply_for(&flow, &blocked, &mut env);
+                        Outcome::Reply(flow, reply)
+                    } else {
+                        holds.refused(g, flow, blocked, budget_ms, id, &mut env)
+                    }
+                }
+            }
+        };
+        for (limit, key, r) in owed {
+            let seq = next(&mut self.next_seq);
+            let call = self.gov.release_call(limit, key, &r, seq);
+            self.owed.push(call);
+        }
+        if let Outcome::Go(flow) = outcome {
+            return self.let_go(id, flow, true);
+        }
+        let at = BodyAt {
+            done: body_ended,
+            buffered: 0,
+            from_tick: true,
+            budget_ms,
+        };
+        let clock = now.map_or(Clock::lazy(lent.clock), Clock::At);
+        self.take(id, outcome, at, &clock)
     }
 
     /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
@@ -569,6 +851,7 @@ impl Worker {
             done: body_done,
             buffered: body_size.unwrap_or(0),
             from_tick: body_size.is_none() && !body_done,
+            budget_ms,
         };
         self.admit(id, flow, budget_ms, at, Clock::lazy(lent.clock), lent)
     }
@@ -634,13 +917,22 @@ impl Worker {
     }
 }
 
-/// Where a request's body stands when admission decides it: ended, how much of it Envoy holds
-/// for the filter now, and whether the request is paused by a tick (it must be resumed to go).
+/// Where a request stands when admission decides it: its body ended, how much of it Envoy
+/// holds for the filter now, whether the request is paused by a tick (it must be resumed to
+/// go), and how long it may still be held.
 #[derive(Clone, Copy)]
 struct BodyAt {
     done: bool,
     buffered: usize,
     from_tick: bool,
+    budget_ms: u64,
+}
+
+/// A sequence number for the next call.
+fn next(seq: &mut u32) -> u32 {
+    let n = *seq;
+    *seq = seq.wrapping_add(1).max(1);
+    n
 }
 
 /// Set `headers` on the response and record what the access log reads of them.

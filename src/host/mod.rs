@@ -6,6 +6,7 @@ mod abi;
 mod adapters;
 
 use adapters::{HostLogger, HostMetrics, HostStore};
+use llm_governor_core::fleet::{ServiceCall, ServiceReply};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::reply::STEERING_HEADER;
@@ -23,7 +24,7 @@ const TICK_MS: u32 = 20;
 proxy_wasm::main! {{
     let _ = log::set_logger(&HostLogger);
     log::set_max_level(log::LevelFilter::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { vm: None }) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(Root { id, vm: None }) });
 }}
 
 /// What one VM (one worker thread) shares between its root and stream contexts.
@@ -31,6 +32,13 @@ struct Vm {
     worker: RefCell<Worker>,
     metrics: RefCell<HostMetrics>,
     ticking: Cell<bool>,
+    /// The root context's id: calls that outlive a stream are sent from it.
+    root: u32,
+    /// The fleet's cluster, when fleet limits are configured.
+    cluster: Option<String>,
+    /// Calls out: (Envoy's token, the stream or none for a call owed by no stream, the
+    /// worker's sequence number). A few at a time: a list.
+    calls: RefCell<Vec<(u32, Option<u32>, u32)>>,
 }
 
 impl Vm {
@@ -66,7 +74,11 @@ impl Vm {
     /// Apply a reaction's effects in order. An effect that fails is reported to the worker,
     /// whose answer replaces the rest (and is applied without further reports).
     fn apply(&self, id: u32, reaction: Reaction) -> Action {
-        let Some(failure) = reaction.effects.into_iter().find_map(effect_call) else {
+        let Some(failure) = reaction
+            .effects
+            .into_iter()
+            .find_map(|e| self.effect_call(id, e))
+        else {
             return action(reaction.action);
         };
         let instead = self.with_worker(Some(id), |w, lent| w.failed(id, failure, lent));
@@ -74,8 +86,114 @@ impl Vm {
             effects: Vec::new(),
             action: worker::Action::Continue,
         });
-        r.effects.into_iter().for_each(|e| _ = effect_call(e));
+        r.effects
+            .into_iter()
+            .for_each(|e| _ = self.effect_call(id, e));
         action(r.action)
+    }
+
+    /// Apply a reaction that comes outside stream `id`'s own callback (a tick, an answer of
+    /// the fleet's service), on its effective context.
+    fn apply_later(&self, id: u32, reaction: Reaction) {
+        // The effective context is reset per VM call: set it for every stream.
+        if abi::set_effective_context(id).is_err() {
+            self.with_worker(None, |w, lent| w.on_end(id, lent)); // the stream is gone
+            return;
+        }
+        if self.apply(id, reaction) == Action::Continue {
+            // Only a failed answer says so from outside a callback: let the request go on.
+            let _ = abi::resume_request();
+        }
+    }
+
+    /// One effect as hostcalls (on the effective context). A failed hostcall is logged; the
+    /// failure is returned when the worker must hear of it.
+    fn effect_call(&self, id: u32, effect: Effect) -> Option<Failure> {
+        if let Effect::CallService(call) = effect {
+            return self.send(Some(id), call).err();
+        }
+        effect_call(effect)
+    }
+
+    /// Send a call to the fleet's service (on the effective context: a stream's call is
+    /// cancelled with its stream, a call sent from the root outlives every stream).
+    fn send(&self, stream: Option<u32>, call: ServiceCall) -> Result<(), Failure> {
+        let cluster = self.cluster.as_deref().unwrap_or("");
+        let m = call.method;
+        match abi::grpc_call(
+            cluster,
+            m.service(),
+            m.name(),
+            &call.message,
+            call.timeout_ms,
+        ) {
+            Ok(token) => {
+                if let Ok(mut calls) = self.calls.try_borrow_mut() {
+                    calls.push((token, stream, call.seq));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                log::warn!("llm_governor: calling the fleet's rate-limit service failed: {e:?}");
+                Err(Failure::Call(call.seq))
+            }
+        }
+    }
+
+    /// Envoy delivered what became of a call (`status` 0: answered, `size` bytes).
+    fn on_service_answer(&self, token: u32, status: u32, size: usize) {
+        let found = self.calls.try_borrow_mut().ok().and_then(|mut calls| {
+            let at = calls.iter().position(|c| c.0 == token)?;
+            let (_, stream, seq) = calls.swap_remove(at);
+            Some((stream, seq))
+        });
+        let Some((stream, seq)) = found else {
+            return; // not ours (the load-time check of the cluster), or already handled
+        };
+        let bytes = match status {
+            0 => abi::buffer(BufferType::GrpcReceiveBuffer, 0, size).ok(),
+            _ => None,
+        };
+        let reply = match (status, &bytes) {
+            (0, Some(b)) => ServiceReply::Message(b),
+            (0, None) => ServiceReply::Failed(2), // unreadable: as UNKNOWN
+            (s, _) => ServiceReply::Failed(s),
+        };
+        let reaction = self.with_worker(stream, |w, lent| {
+            w.on_service_answer(stream, seq, reply, lent)
+        });
+        if let (Some(id), Some(r)) = (stream, reaction) {
+            self.apply_later(id, r);
+        }
+        self.tick_as_needed();
+    }
+
+    /// Send the calls owed by no stream, from the root (they outlive the streams that owed
+    /// them); one that cannot be sent is reported as failed.
+    fn send_owed(&self) {
+        let owed = self
+            .with_worker(None, |w, _| w.take_owed())
+            .unwrap_or_default();
+        if owed.is_empty() || abi::set_effective_context(self.root).is_err() {
+            return;
+        }
+        for call in owed {
+            let seq = call.seq;
+            if self.send(None, call).is_err() {
+                self.with_worker(None, |w, lent| {
+                    w.on_service_answer(None, seq, ServiceReply::Failed(0), lent)
+                });
+            }
+        }
+    }
+
+    /// The stream is over: calls still out for it are cancelled by Envoy with it.
+    fn forget_calls(&self, id: u32) {
+        if let Ok(mut calls) = self.calls.try_borrow_mut() {
+            if !calls.is_empty() {
+                calls.retain(|c| c.1 != Some(id));
+            }
+        }
     }
 
     /// A worker ticks only while it holds or waits for something.
@@ -90,16 +208,9 @@ impl Vm {
     fn on_tick(&self) {
         let due = self.with_worker(None, |w, lent| w.tick(lent));
         for (id, reaction) in due.unwrap_or_default() {
-            // The effective context is reset per VM call: set it for every stream.
-            if abi::set_effective_context(id).is_err() {
-                self.with_worker(None, |w, lent| w.on_end(id, lent)); // the stream is gone
-                continue;
-            }
-            if self.apply(id, reaction) == Action::Continue {
-                // Only a failed answer says so from a tick: let the request go on.
-                let _ = abi::resume_request();
-            }
+            self.apply_later(id, reaction);
         }
+        self.send_owed();
         self.tick_as_needed();
     }
 }
@@ -127,6 +238,8 @@ fn effect_call(effect: Effect) -> Option<Failure> {
         Effect::SendReply(r) => abi::send_local_response(r.status, &r.headers, &r.body),
         Effect::ResumeRequest => abi::resume_request(),
         Effect::ResumeResponse => abi::resume_response(),
+        // Sent by `Vm::effect_call`, which knows the cluster and keeps the token.
+        Effect::CallService(_) => Ok(()),
     };
     let e = done.err()?;
     log::warn!("llm_governor: {what} failed: {e:?}");
@@ -177,10 +290,17 @@ impl StreamIo for HostIo {
 }
 
 struct Root {
+    id: u32,
     vm: Option<Rc<Vm>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        self.vm
+            .as_ref()
+            .inspect(|vm| vm.on_service_answer(token, status, size));
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -194,6 +314,19 @@ impl RootContext for Root {
                 return false;
             }
         };
+        let cluster = gov.cfg.fleet.as_ref().map(|f| f.cluster.clone());
+        if let Some(c) = &cluster {
+            // Envoy refuses a call to a cluster it does not have: ask once, now, so a wrong
+            // name is refused at load rather than failing every request. The probe is a gRPC
+            // health check; its answer is not read.
+            let probe = abi::grpc_call(c, "grpc.health.v1.Health", "Check", &[], 1000);
+            if probe.is_err() {
+                log::error!(
+                    "llm_governor: invalid configuration: fleet.cluster: Envoy has no cluster {c:?}"
+                );
+                return false;
+            }
+        }
         let metrics = RefCell::new(HostMetrics::define(&gov.cfg));
         let worker = RefCell::new(Worker::new(Arc::new(gov), adapters::seed()));
         let ticking = Cell::new(false);
@@ -201,6 +334,9 @@ impl RootContext for Root {
             worker,
             metrics,
             ticking,
+            root: self.id,
+            cluster,
+            calls: RefCell::new(Vec::new()),
         }));
         true
     }
@@ -229,11 +365,16 @@ impl Filter {
     fn end(&self) {
         let id = self.id;
         self.vm.with_worker(Some(id), |w, lent| w.on_end(id, lent));
+        self.vm.forget_calls(id);
         self.vm.tick_as_needed();
     }
 }
 
-impl Context for Filter {}
+impl Context for Filter {
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        self.vm.on_service_answer(token, status, size);
+    }
+}
 
 impl Drop for Filter {
     fn drop(&mut self) {

@@ -1,0 +1,317 @@
+//! Fleet limits (`limits[].scope: "fleet"`): budgets several Envoys share through a rate-limit
+//! service (Envoy's RLS protocol, answered by Limitador on Redis). What admission asks the
+//! service, what each answer means, and what a stream owes the service at its end. Sans-IO: the
+//! worker sends the calls as effects and hears the answers; a host only moves the bytes.
+//!
+//! One call per fleet limit, each with the one descriptor an operator's limits file matches
+//! (`descriptors[0]['limit']`, `descriptors[0]['key']`), sent together. Token budgets reserve
+//! (Limitador's Reserve, settled by Commit at the stream's end) or, on a server without
+//! reservations, charge at admission and top up after with positive hits only: nothing is
+//! ever sent that a server could read as a refund.
+
+use crate::config::{LimitKey, LimitKind};
+use crate::flow::Flow;
+use crate::headers::Headers;
+use crate::keys;
+use crate::policy::Governor;
+use crate::rls::{self, Code, Descriptor};
+
+/// How long the service holds a token reservation for a stream that never commits (Limitador
+/// caps it at its `--max-reservation-ttl`, 60 s by default).
+pub const RESERVATION_TTL_MS: u64 = 60_000;
+/// How long past `fleet.timeout_ms` the worker waits for an answer Envoy never delivered before
+/// it applies the fallback itself.
+pub const ANSWER_SLACK_MS: u64 = 50;
+/// A key value longer than this goes to the service as its keyed id.
+const MAX_KEY_VALUE: usize = 256;
+
+/// A method of the rate-limit services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+    ShouldRateLimit,
+    /// `kuadrant.service.ratelimit.v1.RateLimitService/Reserve`.
+    Reserve,
+    /// `kuadrant.service.ratelimit.v1.RateLimitService/Commit`.
+    Commit,
+}
+
+impl Method {
+    pub fn service(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "envoy.service.ratelimit.v3.RateLimitService",
+            Method::Reserve | Method::Commit => "kuadrant.service.ratelimit.v1.RateLimitService",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::Reserve => "Reserve",
+            Method::Commit => "Commit",
+        }
+    }
+}
+
+/// A call to the fleet's service, for the host to dispatch on `fleet.cluster` and answer with
+/// `Worker::on_service_answer(stream, seq, …)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceCall {
+    pub seq: u32,
+    pub method: Method,
+    pub message: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// What became of a call, as the host reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceReply<'a> {
+    /// The service answered (gRPC status OK) with this message.
+    Message(&'a [u8]),
+    /// No answer: the gRPC status (4 = deadline exceeded, 14 = unavailable, …), or 0 when the
+    /// call could not be sent at all.
+    Failed(u32),
+}
+
+/// A token budget the fleet charged at admission, settled when the stream ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetCharge {
+    pub limit: usize,
+    /// The descriptor's key value (the same one is committed against).
+    pub key: String,
+    /// Reserved (or charged) at admission.
+    pub amount: u64,
+    /// The service's reservation id, when it holds one.
+    pub reservation: Option<String>,
+    /// What the stream used, once known (0: the provider answered an error and counted none).
+    pub settled: Option<u64>,
+}
+
+/// One call of a request's admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ask {
+    pub(crate) limit: usize,
+    pub(crate) key: String,
+    /// Requests: 1. Tokens: the reservation (at least 1: a budget with nothing left refuses).
+    pub(crate) amount: u64,
+    pub(crate) reserve: bool,
+}
+
+/// What one answer of admission said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Said {
+    Ok { reservation: Option<String> },
+    Over { wait_ms: Option<u64> },
+    Failed,
+}
+
+impl Governor {
+    /// The fleet limits, by index (token budgets first).
+    pub fn fleet_limits(&self) -> &[usize] {
+        &self.fleet_limits
+    }
+
+    /// What admission asks the service for this flow: one call per fleet limit.
+    pub(crate) fn fleet_asks(&self, flow: &Flow) -> Vec<Ask> {
+        let reservations = self.cfg.fleet.as_ref().is_some_and(|f| f.reservations);
+        self.fleet_limits
+            .iter()
+            .map(|&i| {
+                let tokens = self.cfg.limits[i].kind == LimitKind::Tokens;
+                Ask {
+                    limit: i,
+                    key: self.fleet_key(i, flow),
+                    amount: if tokens {
+                        self.limits().cost(i, flow).max(1)
+                    } else {
+                        1
+                    },
+                    reserve: tokens && reservations,
+                }
+            })
+            .collect()
+    }
+
+    /// The message of one call of admission.
+    pub(crate) fn ask_call(&self, ask: &Ask, seq: u32) -> ServiceCall {
+        let d = [self.descriptor(ask.limit, ask.key.clone())];
+        if ask.reserve {
+            self.call(
+                seq,
+                Method::Reserve,
+                rls::reserve(self.domain(), &d, ask.amount, RESERVATION_TTL_MS),
+            )
+        } else {
+            let hits = u32::try_from(ask.amount).unwrap_or(u32::MAX);
+            self.call(
+                seq,
+                Method::ShouldRateLimit,
+                rls::should_rate_limit(self.domain(), &d, hits),
+            )
+        }
+    }
+
+    /// What an answer to `ask` says; a message that cannot be read, or a code that is neither
+    /// OK nor OVER_LIMIT, is a failure (the fallback decides).
+    pub(crate) fn said(&self, ask: &Ask, reply: ServiceReply) -> Said {
+        let ServiceReply::Message(bytes) = reply else {
+            return Said::Failed;
+        };
+        let answer = if ask.reserve {
+            rls::decode_reserve(bytes)
+        } else {
+            rls::decode_response(bytes)
+        };
+        match answer {
+            Ok(a) if a.code == Some(Code::Ok) => Said::Ok {
+                reservation: a.reservation.filter(|r| !r.is_empty()),
+            },
+            Ok(a) if a.code == Some(Code::OverLimit) => Said::Over { wait_ms: a.wait_ms },
+            _ => Said::Failed,
+        }
+    }
+
+    /// The calls a charge owes the service when its stream ends: a Commit of what the stream
+    /// used (what was reserved when that is unknown); without reservations, a top-up of what
+    /// it used beyond the charge, never a refund.
+    pub(crate) fn settle_call(&self, charge: &FleetCharge, seq: u32) -> Option<ServiceCall> {
+        let used = charge.settled.unwrap_or(charge.amount);
+        let d = [self.descriptor(charge.limit, charge.key.clone())];
+        let reservations = self.cfg.fleet.as_ref().is_some_and(|f| f.reservations);
+        if reservations {
+            let id = charge.reservation.as_deref().unwrap_or("");
+            return Some(self.call(
+                seq,
+                Method::Commit,
+                rls::commit(self.domain(), &d, id, used),
+            ));
+        }
+        let more = used.checked_sub(charge.amount).filter(|n| *n > 0)?;
+        let hits = u32::try_from(more).unwrap_or(u32::MAX);
+        Some(self.call(
+            seq,
+            Method::ShouldRateLimit,
+            rls::should_rate_limit(self.domain(), &d, hits),
+        ))
+    }
+
+    /// A reservation the request will not use (another limit refused it): released at no cost.
+    pub(crate) fn release_call(
+        &self,
+        limit: usize,
+        key: String,
+        id: &str,
+        seq: u32,
+    ) -> ServiceCall {
+        let d = [self.descriptor(limit, key)];
+        self.call(seq, Method::Commit, rls::commit(self.domain(), &d, id, 0))
+    }
+
+    fn call(&self, seq: u32, method: Method, message: Vec<u8>) -> ServiceCall {
+        ServiceCall {
+            seq,
+            method,
+            message,
+            timeout_ms: self.cfg.fleet.as_ref().map_or(50, |f| f.timeout_ms),
+        }
+    }
+
+    fn domain(&self) -> &str {
+        self.cfg.fleet.as_ref().map_or("", |f| f.domain.as_str())
+    }
+
+    fn descriptor(&self, limit: usize, key: String) -> Descriptor {
+        Descriptor {
+            limit: self.cfg.limits[limit].name.clone(),
+            key,
+        }
+    }
+
+    /// The descriptor's `key` for limit `limit`: the header's value, the model, the pool's name,
+    /// the pool's account label; a credential (an account, or a header that is one of
+    /// `account_headers`) only ever as its keyed id.
+    pub(crate) fn fleet_key(&self, limit: usize, flow: &Flow) -> String {
+        let raw = || {
+            let keys = flow.fleet.as_ref()?;
+            keys.keys
+                .iter()
+                .find(|(i, _)| *i == limit)
+                .map(|(_, v)| v.clone())
+        };
+        match &self.cfg.limits[limit].key {
+            LimitKey::Pool => self.cfg.pools[flow.pool].name.clone(),
+            LimitKey::Account => match &self.cfg.pools[flow.pool].account {
+                Some(label) => label.clone(),
+                None => keys::id_hex(flow.account),
+            },
+            LimitKey::Header(_) | LimitKey::Model { .. } => {
+                raw().unwrap_or_else(|| keys::id_hex(flow.limit_keys[limit]))
+            }
+        }
+    }
+
+    /// The raw key values of the fleet limits keyed by a header that is not a credential, or
+    /// by a model named in the path, read from the request headers once.
+    pub(crate) fn fleet_keys_of(&self, path: &[u8], headers: &Headers) -> Vec<(usize, String)> {
+        let model = || keys::model_in_path(path).unwrap_or(b"-");
+        self.fleet_limits
+            .iter()
+            .filter_map(|&i| {
+                let value = match &self.cfg.limits[i].key {
+                    LimitKey::Header(h) => self.plain_header(h, headers)?.to_vec(),
+                    LimitKey::Model { header: None } => model().to_vec(),
+                    LimitKey::Model { header: Some(h) } => {
+                        let mut v = self.plain_header(h, headers)?.to_vec();
+                        v.push(b'+');
+                        v.extend_from_slice(model());
+                        v
+                    }
+                    LimitKey::Pool | LimitKey::Account => return None,
+                };
+                key_value(&value).map(|v| (i, v))
+            })
+            .collect()
+    }
+
+    /// The model the body named, for fleet limits keyed by model whose path named none.
+    pub(crate) fn fleet_model_found(&self, flow: &mut Flow, model: &[u8]) {
+        let keys = &mut flow.fleet_mut().keys;
+        for &i in &self.fleet_limits {
+            let LimitKey::Model { header } = &self.cfg.limits[i].key else {
+                continue;
+            };
+            let Some(at) = keys.iter().position(|(l, _)| *l == i) else {
+                continue;
+            };
+            let value = match header {
+                None => key_value(model),
+                Some(_) => {
+                    let prefix = keys[at].1.strip_suffix("+-").map(str::to_string);
+                    prefix.and_then(|p| key_value(&[p.as_bytes(), b"+", model].concat()))
+                }
+            };
+            match value {
+                Some(v) => keys[at].1 = v,
+                None => {
+                    keys.remove(at);
+                }
+            }
+        }
+    }
+
+    /// A header's value when it is not a credential (`-` when it is missing, as local limits
+    /// count it); None for a credential header, whose value only ever goes out as its id.
+    fn plain_header<'h>(&self, name: &str, headers: &'h Headers) -> Option<&'h [u8]> {
+        if self.cfg.account_headers.iter().any(|a| a == name) {
+            return None;
+        }
+        Some(headers.get(name).unwrap_or(b"-"))
+    }
+}
+
+/// A descriptor value: printable UTF-8 of at most `MAX_KEY_VALUE` bytes, else None (the keyed
+/// id is sent instead).
+fn key_value(raw: &[u8]) -> Option<String> {
+    let s = std::str::from_utf8(raw).ok()?;
+    (s.len() <= MAX_KEY_VALUE && !s.chars().any(char::is_control)).then(|| s.to_string())
+}
