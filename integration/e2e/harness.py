@@ -233,8 +233,10 @@ def envoy_bootstrap(
     access_log_path: Optional[str] = None,
     access_log_format: Union[dict, str, None] = None,
     stats_flush_interval: Optional[str] = None,
+    extra_clusters: Optional[list] = None,
 ) -> dict:
-    """A static bootstrap: one listener -> cluster `provider` on 127.0.0.1:upstream_port.
+    """A static bootstrap: one listener -> cluster `provider` on 127.0.0.1:upstream_port
+    (plus extra_clusters, e.g. the fleet's rate-limit service).
 
     With access_log_path, the connection manager writes an `envoy.access_loggers.file` log
     there: access_log_format a dict gives JSON lines (`json_format`), a string a text format.
@@ -320,7 +322,8 @@ def envoy_bootstrap(
                         "endpoints": [{"lb_endpoints": [{"endpoint": {"address": loopback(upstream_port)}}]}],
                     },
                 }
-            ],
+            ]
+            + list(extra_clusters or []),
         },
     }
 

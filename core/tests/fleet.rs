@@ -1,0 +1,483 @@
+//! Fleet limits through the worker: what is asked of the rate-limit service, what each answer
+//! (or its absence) makes of the request, and what a stream owes the service at its end.
+
+mod common;
+
+use common::*;
+use llm_governor_core::fleet::{Method, ServiceCall, ServiceReply};
+use llm_governor_core::metrics::{Counter, Histogram};
+use llm_governor_core::worker::{Action, Effect, Reaction, Stage};
+
+const RPM: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50},
+  "limits": [{"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 2, "scope": "fleet"}],
+  "hold": {"max_ms": 0}}"#;
+
+fn with_on_error(on_error: &str) -> String {
+    RPM.replace(
+        r#""timeout_ms": 50"#,
+        &format!(r#""timeout_ms": 50, "on_error": "{on_error}""#),
+    )
+}
+
+const TENANT: &[(&str, &str)] = &[("x-tenant-id", "acme"), ("x-api-key", "sk-secret-of-acme")];
+
+fn calls(r: &Reaction) -> Vec<ServiceCall> {
+    r.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CallService(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A length-delimited protobuf field.
+fn field(n: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![n << 3 | 2, bytes.len() as u8];
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// `RateLimitResponse{overall_code}`, with Limitador's draft-03 reset header when given.
+fn rls_answer(code: u8, reset_s: Option<u64>) -> Vec<u8> {
+    let mut out = vec![0x08, code];
+    if let Some(s) = reset_s {
+        let header = [
+            field(1, b"X-RateLimit-Reset"),
+            field(2, s.to_string().as_bytes()),
+        ]
+        .concat();
+        out.extend(field(3, &header));
+    }
+    out
+}
+
+fn reserve_answer(code: u8, id: &str) -> Vec<u8> {
+    let mut out = vec![0x08, code];
+    if !id.is_empty() {
+        out.extend(field(2, id.as_bytes()));
+    }
+    out
+}
+
+/// Send request headers (no body) for stream `id`; the reaction.
+fn headers(h: &mut Host, id: u32, hs: &[(&str, &str)]) -> Reaction {
+    let owned: Vec<(String, Vec<u8>)> = hs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    let v = view("/v1/chat/completions", &owned);
+    h.call(|w, lent| w.on_request_headers(id, &v, true, lent))
+}
+
+fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
+    h.call(|w, lent| w.on_service_answer(Some(id), seq, reply, lent))
+}
+
+fn replied(r: &Reaction) -> Option<&llm_governor_core::reply::LocalReply> {
+    r.effects.iter().find_map(|e| match e {
+        Effect::SendReply(reply) => Some(reply),
+        _ => None,
+    })
+}
+
+fn reply_header<'a>(r: &'a Reaction, name: &str) -> &'a str {
+    let reply = replied(r).unwrap_or_else(|| panic!("no local answer: {r:?}"));
+    header(&reply.headers, name)
+}
+
+fn count(h: &Host, c: Counter) -> usize {
+    h.metrics.counters.iter().filter(|(_, x)| *x == c).count()
+}
+
+#[test]
+fn a_fleet_limit_asks_the_service_with_the_contract_descriptor_and_goes_on_its_ok() {
+    let mut h = Host::new(RPM);
+    let r = headers(&mut h, 7, TENANT);
+    assert_eq!(r.action, Action::Pause);
+    let asked = calls(&r);
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].method, Method::ShouldRateLimit);
+    assert_eq!(asked[0].timeout_ms, 50);
+    let m = &asked[0].message;
+    assert!(contains(m, b"llm_governor"), "domain");
+    assert!(
+        contains(m, b"limit")
+            && contains(m, b"tenant-rpm")
+            && contains(m, b"key")
+            && contains(m, b"acme")
+    );
+    assert!(
+        !contains(m, b"sk-secret"),
+        "a credential never reaches the service"
+    );
+    assert_eq!(h.worker.stage(7), Stage::AwaitingFleet);
+
+    let r = answer(
+        &mut h,
+        7,
+        asked[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    assert_eq!(h.worker.stage(7), Stage::Upstream);
+    assert_eq!(count(&h, Counter::FleetCallsOk), 1);
+    assert_eq!(h.metrics.fleet_call_ms.len(), 1);
+    let _ = Histogram::FleetCallMs;
+}
+
+#[test]
+fn an_over_limit_answer_is_a_local_429_told_the_services_wait() {
+    let mut h = Host::new(RPM);
+    let r = headers(&mut h, 7, TENANT);
+    let seq = calls(&r)[0].seq;
+    let r = answer(
+        &mut h,
+        7,
+        seq,
+        ServiceReply::Message(&rls_answer(2, Some(7))),
+    );
+    let reply = replied(&r).expect("answered locally");
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply_header(&r, "x-llm-governor-source"), "limit");
+    assert_eq!(reply_header(&r, "x-llm-governor-class"), "rate_limited");
+    let told: u64 = reply_header(&r, "retry-after-ms").parse().unwrap();
+    assert!((7000..=7000 * 12 / 10).contains(&told), "{told}");
+    assert!(reply_header(&r, "ratelimit-policy").contains("\"tenant-rpm\";q=2;w=60"));
+    assert_eq!(count(&h, Counter::FleetCallsOverLimit), 1);
+    assert_eq!(h.worker.stage(7), Stage::Done);
+}
+
+#[test]
+fn what_local_limits_took_goes_back_when_the_fleet_refuses() {
+    let cfg = RPM.replace(
+        r#""scope": "fleet"}]"#,
+        r#""scope": "fleet"}, {"name": "local", "key": "header:x-tenant-id", "requests_per_minute": 1}]"#,
+    );
+    let mut h = Host::new(&cfg);
+    let r = headers(&mut h, 1, TENANT);
+    let seq = calls(&r)[0].seq;
+    replied(&answer(
+        &mut h,
+        1,
+        seq,
+        ServiceReply::Message(&rls_answer(2, Some(1))),
+    ))
+    .expect("refused");
+    // The local bucket of one got its request back: the next one is admitted locally again.
+    let r = headers(&mut h, 2, TENANT);
+    assert_eq!(
+        calls(&r).len(),
+        1,
+        "admitted locally, asked the fleet: {r:?}"
+    );
+}
+
+#[test]
+fn a_failed_call_falls_back_to_this_envoys_own_bucket_of_the_same_rate() {
+    let mut h = Host::new(RPM); // on_error defaults to local
+    let mut outcomes = Vec::new();
+    for id in 1..=3 {
+        let r = headers(&mut h, id, TENANT);
+        let seq = calls(&r)[0].seq;
+        let r = answer(&mut h, id, seq, ServiceReply::Failed(14));
+        outcomes.push(if replied(&r).is_some() { "429" } else { "go" });
+    }
+    assert_eq!(outcomes, ["go", "go", "429"]);
+    assert_eq!(count(&h, Counter::FleetErrors), 3);
+    assert_eq!(count(&h, Counter::FleetFallback), 3);
+}
+
+#[test]
+fn on_error_allow_lets_it_go_and_deny_answers_it() {
+    let mut h = Host::new(&with_on_error("allow"));
+    let r = headers(&mut h, 1, TENANT);
+    let seq = calls(&r)[0].seq;
+    assert!(answer(&mut h, 1, seq, ServiceReply::Failed(4))
+        .effects
+        .contains(&Effect::ResumeRequest));
+
+    let mut h = Host::new(&with_on_error("deny"));
+    let r = headers(&mut h, 1, TENANT);
+    let seq = calls(&r)[0].seq;
+    let r = answer(&mut h, 1, seq, ServiceReply::Failed(4));
+    assert_eq!(replied(&r).map(|x| x.status), Some(429));
+    assert_eq!(count(&h, Counter::FleetFallback), 1);
+}
+
+#[test]
+fn garbage_or_an_unknown_code_is_a_failure_never_a_panic() {
+    for bytes in [
+        &[0xff, 0xff, 0xff][..],
+        &[0x08, 0x07][..],
+        &[0x12, 0x40, 0x01][..],
+        &[][..],
+    ] {
+        let mut h = Host::new(&with_on_error("deny"));
+        let r = headers(&mut h, 1, TENANT);
+        let seq = calls(&r)[0].seq;
+        let r = answer(&mut h, 1, seq, ServiceReply::Message(bytes));
+        assert!(replied(&r).is_some(), "{bytes:?}: {r:?}");
+        assert_eq!(count(&h, Counter::FleetErrors), 1);
+    }
+}
+
+#[test]
+fn no_answer_by_the_timeout_is_a_failure_decided_on_the_tick() {
+    let mut h = Host::new(&with_on_error("allow"));
+    headers(&mut h, 1, TENANT);
+    h.advance(99);
+    assert!(
+        h.tick_reactions().is_empty(),
+        "not overdue before timeout + slack"
+    );
+    h.advance(2);
+    let left = h.tick_reactions();
+    assert_eq!(left.len(), 1);
+    assert!(
+        left[0].1.effects.contains(&Effect::ResumeRequest),
+        "{left:?}"
+    );
+    assert_eq!(count(&h, Counter::FleetErrors), 1);
+    // The answer that comes afterwards is ignored.
+    let late = answer(&mut h, 1, 1, ServiceReply::Message(&rls_answer(2, None)));
+    assert!(late.effects.is_empty());
+    assert_eq!(h.worker.stage(1), Stage::Upstream);
+}
+
+#[test]
+fn a_call_that_could_not_be_sent_is_a_failed_call() {
+    let mut h = Host::new(&with_on_error("deny"));
+    let r = headers(&mut h, 1, TENANT);
+    let seq = calls(&r)[0].seq;
+    let failure = Effect::CallService(calls(&r)[0].clone())
+        .failure()
+        .expect("reported");
+    let r = h.call(|w, lent| w.failed(1, failure, lent));
+    assert_eq!(replied(&r).map(|x| x.status), Some(429));
+    assert_eq!(seq, calls(&headers(&mut h, 2, TENANT))[0].seq - 1);
+}
+
+#[test]
+fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
+    let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
+    let mut h = Host::new(&cfg);
+    let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
+    let r = headers(&mut h, 1, &hs);
+    let seq = calls(&r)[0].seq;
+    let r = answer(
+        &mut h,
+        1,
+        seq,
+        ServiceReply::Message(&rls_answer(2, Some(2))),
+    );
+    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
+    assert_eq!(h.worker.stage(1), Stage::Held);
+    h.advance(1999);
+    assert!(h.tick_reactions().is_empty());
+    h.advance(1);
+    let left = h.tick_reactions();
+    let again = calls(&left[0].1);
+    assert_eq!(again.len(), 1, "released to ask the fleet again: {left:?}");
+    let r = answer(
+        &mut h,
+        1,
+        again[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest));
+}
+
+const TPM: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50},
+  "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
+  "limits": [{"name": "tpm", "key": "header:x-tenant-id", "tokens_per_minute": 100000, "scope": "fleet",
+              "settle": "usage"}],
+  "hold": {"max_ms": 0}}"#;
+
+const BODY: &str =
+    r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hello"}]}"#;
+const USAGE: &str =
+    r#"{"id":"x","usage":{"prompt_tokens":9,"completion_tokens":21,"total_tokens":30}}"#;
+
+/// A request with a body through the worker: headers, then the whole body. The reaction.
+fn with_body(h: &mut Host, id: u32) -> Reaction {
+    let owned: Vec<(String, Vec<u8>)> = TENANT
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    let v = view("/v1/chat/completions", &owned);
+    let r = h.call(|w, lent| w.on_request_headers(id, &v, false, lent));
+    assert_eq!(r.action, Action::Pause);
+    h.io.request_bodies.insert(id, BODY.as_bytes().to_vec());
+    h.call(|w, lent| w.on_request_body(id, BODY.len(), true, lent))
+}
+
+#[test]
+fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
+    let mut h = Host::new(TPM);
+    let r = with_body(&mut h, 3);
+    let asked = calls(&r);
+    assert_eq!(asked[0].method, Method::Reserve);
+    let r = answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&reserve_answer(1, "res-42")),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest));
+    h.stream_response(3, 200, &[("content-type", "application/json")], USAGE);
+    h.end_stream(3);
+    let owed = h.worker.take_owed();
+    assert_eq!(owed.len(), 1);
+    assert_eq!(owed[0].method, Method::Commit);
+    assert!(contains(&owed[0].message, b"res-42"));
+    // actual_amount = 4: the usage reported (30 tokens), as a varint.
+    assert!(
+        owed[0].message.ends_with(&[0x20, 30]),
+        "{:?}",
+        owed[0].message
+    );
+    assert!(!h.worker.is_idle() || h.worker.take_owed().is_empty());
+}
+
+#[test]
+fn a_provider_error_commits_nothing_used() {
+    let mut h = Host::new(TPM);
+    let r = with_body(&mut h, 3);
+    let seq = calls(&r)[0].seq;
+    answer(
+        &mut h,
+        3,
+        seq,
+        ServiceReply::Message(&reserve_answer(1, "res-1")),
+    );
+    h.stream_response(3, 500, &[], r#"{"error":{"message":"boom"}}"#);
+    h.end_stream(3);
+    let owed = h.worker.take_owed();
+    assert!(
+        owed[0].message.ends_with(&[0x20, 0]),
+        "{:?}",
+        owed[0].message
+    );
+}
+
+#[test]
+fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
+    let cfg = TPM.replace(
+        r#""timeout_ms": 50"#,
+        r#""timeout_ms": 50, "reservations": false"#,
+    );
+    let mut h = Host::new(&cfg);
+    let r = with_body(&mut h, 3);
+    let asked = calls(&r);
+    assert_eq!(asked[0].method, Method::ShouldRateLimit);
+    answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    // It reserved more than the 30 it used: nothing is sent back (no refund).
+    h.stream_response(3, 200, &[], USAGE);
+    h.end_stream(3);
+    assert!(h.worker.take_owed().is_empty());
+
+    // Used more than charged: the difference is a positive charge.
+    let big = USAGE
+        .replace("\"total_tokens\":30", "\"total_tokens\":5000")
+        .replace("21", "4991");
+    let r = with_body(&mut h, 4);
+    let asked = calls(&r);
+    answer(
+        &mut h,
+        4,
+        asked[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    h.stream_response(4, 200, &[], &big);
+    h.end_stream(4);
+    let owed = h.worker.take_owed();
+    assert_eq!(owed.len(), 1);
+    assert_eq!(owed[0].method, Method::ShouldRateLimit);
+}
+
+#[test]
+fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
+    let cfg = TPM.replace(
+        r#""settle": "usage"}]"#,
+        r#""settle": "usage"}, {"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 1, "scope": "fleet"}]"#,
+    );
+    let mut h = Host::new(&cfg);
+    let r = with_body(&mut h, 3);
+    let asked = calls(&r);
+    assert_eq!(asked.len(), 2);
+    assert_eq!(
+        asked[0].method,
+        Method::Reserve,
+        "token budgets are asked first"
+    );
+    answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&reserve_answer(1, "res-9")),
+    );
+    h.end_stream(3);
+    let owed = h.worker.take_owed();
+    assert_eq!(owed.len(), 1);
+    assert!(contains(&owed[0].message, b"res-9") && owed[0].message.ends_with(&[0x20, 0]));
+}
+
+#[test]
+fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
+    let cfg = TPM.replace(
+        r#""settle": "usage"}]"#,
+        r#""settle": "usage"}, {"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 1, "scope": "fleet"}]"#,
+    );
+    let mut h = Host::new(&cfg);
+    let r = with_body(&mut h, 3);
+    let asked = calls(&r);
+    answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&reserve_answer(1, "res-5")),
+    );
+    let r = answer(
+        &mut h,
+        3,
+        asked[1].seq,
+        ServiceReply::Message(&rls_answer(2, Some(3))),
+    );
+    assert_eq!(replied(&r).map(|x| x.status), Some(429));
+    let owed = h.worker.take_owed();
+    assert!(contains(&owed[0].message, b"res-5") && owed[0].message.ends_with(&[0x20, 0]));
+}
+
+#[test]
+fn an_account_key_goes_to_the_service_as_its_label_or_keyed_id() {
+    let cfg = r#"{"fleet": {"cluster": "rls"},
+      "pools": [{"name": "shared", "match": {"path_prefix": "/v1/shared"}, "account": "team-a"}],
+      "limits": [{"name": "acct", "key": "account", "requests_per_minute": 5, "scope": "fleet"},
+                 {"name": "byhdr", "key": "header:authorization", "requests_per_minute": 5, "scope": "fleet"}]}"#;
+    let mut h = Host::new(cfg);
+    let r = headers(&mut h, 1, &[("authorization", "Bearer sk-very-secret")]);
+    for c in calls(&r) {
+        assert!(
+            !contains(&c.message, b"sk-very-secret"),
+            "credential leaked: {:?}",
+            c.message
+        );
+    }
+    let owned: Vec<(String, Vec<u8>)> = vec![("authorization".into(), b"Bearer sk-x".to_vec())];
+    let v = view("/v1/shared/x", &owned);
+    let r = h.call(|w, lent| w.on_request_headers(2, &v, true, lent));
+    assert!(
+        contains(&calls(&r)[0].message, b"team-a"),
+        "the pool's label"
+    );
+}

@@ -1,0 +1,266 @@
+"""Fleet limits end to end: three Envoys (distinct ports and base ids) loading the same module
+share budgets through two Limitador-compatible services (integration/limitador-rls, built on
+the `limitador` crate) on one real Redis. The provider simulator counts every request it sees:
+a fleet budget is exact when the provider sees the budget, not three times it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from fleet_rig import RLS_BINARY, RLS_CLUSTER, Redis, RlsService, fleet_envoy, limits_file
+from harness import Envoy, envoy_bootstrap, wasm_filter
+
+pytestmark = pytest.mark.skipif(not RLS_BINARY.exists(), reason="make test builds integration/limitador-rls first")
+
+RPM = 12
+TPM = 3000
+CONFIG = {
+    "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
+    # Two shared cores run three Envoys, two services and Redis: the timeout allows for that.
+    "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500},
+    "limits": [
+        {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": RPM, "scope": "fleet"},
+        {"name": "tenant-tpm", "key": "header:x-tenant-id", "tokens_per_minute": TPM, "scope": "fleet"},
+    ],
+    # Refusals are answered at once here: the hold of a fleet refusal is tested on its own.
+    "hold": {"max_ms": 0},
+}
+
+
+def body(max_tokens: int = 16) -> dict:
+    return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def post(envoy, tenant: str, key: str, max_tokens: int = 16, timeout: float = 10.0, **headers):
+    return requests.post(
+        envoy.url + "/v1/chat/completions",
+        json=body(max_tokens),
+        headers={"x-tenant-id": tenant, "authorization": "Bearer " + key, **headers},
+        timeout=timeout,
+    )
+
+
+class Fleet:
+    """Redis, two services on it, and three Envoys: 0 and 2 ask service A, 1 asks service B."""
+
+    def __init__(self, sim, config: dict, rls_args: tuple = ()):
+        self.config = config
+        self.redis = Redis().start()
+        self.services = [RlsService(self.redis, limits_file(config), list(rls_args)).start() for _ in range(2)]
+        self.envoys = [fleet_envoy(config, sim.port, self.services[i % 2].port).start() for i in range(3)]
+
+    def stat(self, name: str) -> int:
+        return sum(int(e.stat(f"wasmcustom.llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running())
+
+    def close(self) -> None:
+        for e in self.envoys:
+            e.stop(check=False)
+            e.cleanup()
+        for s in self.services:
+            s.stop()
+        self.redis.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(simulator):
+    f = Fleet(simulator, CONFIG)
+    yield f
+    f.close()
+
+
+def spread(fleet, tenant, key, n, max_tokens=16):
+    """n requests at once, spread over the three Envoys (a thread each)."""
+    replies, lock = [], threading.Lock()
+
+    def run(envoy, count):
+        for _ in range(count):
+            r = post(envoy, tenant, key, max_tokens)
+            with lock:
+                replies.append(r)
+
+    per = [n // 3 + (1 if i < n % 3 else 0) for i in range(3)]
+    threads = [threading.Thread(target=run, args=(e, c)) for e, c in zip(fleet.envoys, per)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    return replies
+
+
+def test_the_shipped_limits_file_is_the_contract_shape():
+    text = limits_file(CONFIG)
+    assert "descriptors[0]['limit'] == 'tenant-rpm'" in text
+    assert "variables: [\"descriptors[0]['key']\"]" in text
+    assert text.count("namespace: llm_governor") == 2
+
+
+def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
+    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    replies = spread(fleet, tenant, key, 3 * RPM)
+    ok = [r for r in replies if r.status_code == 200]
+    refused = [r for r in replies if r.status_code == 429]
+    # The provider sees the fleet's budget, not three times it (nor a third of it).
+    assert len(sim.requests_for(key)) == RPM, [r.status_code for r in replies]
+    assert len(ok) == RPM and len(refused) == 2 * RPM
+    for r in refused:
+        assert r.headers["x-llm-governor-source"] == "limit"
+        assert r.headers["x-llm-governor-class"] == "rate_limited"
+        # The wait the service reports (the window's reset), never 0.
+        assert 0 < int(r.headers["retry-after-ms"]) <= 72_000
+        assert 'RateLimit-Policy' in r.headers or "ratelimit-policy" in {k.lower() for k in r.headers}
+    # Every Envoy asked the fleet; the refusals are counted as fleet decisions.
+    assert fleet.stat("fleet_calls_over_limit") >= 2 * RPM
+    assert fleet.stat("fleet_errors") == 0
+
+
+def test_a_tenants_quota_holds_whichever_replica_serves_it(fleet, sim):
+    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    # All of the budget through one replica, then the others find it spent.
+    for _ in range(RPM):
+        assert post(fleet.envoys[0], tenant, key).status_code == 200
+    for envoy in fleet.envoys:
+        r = post(envoy, tenant, key)
+        assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
+    # Another tenant's budget is its own.
+    other = "t-" + uuid.uuid4().hex[:8]
+    assert post(fleet.envoys[1], other, key).status_code == 200
+    assert len(sim.requests_for(key)) == RPM + 1
+
+
+def test_a_token_budget_with_concurrent_reservations_is_exact(fleet, sim):
+    """Each request reserves its estimate plus max_tokens (about 1,010 tokens) before it goes;
+    the provider answers slowly, so every reservation is outstanding at once: 3 fit in 3,000."""
+    sim.scenario({"latency_ms": 1500})
+    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    replies = spread(fleet, tenant, key, 9, max_tokens=1000)
+    ok = [r for r in replies if r.status_code == 200]
+    assert len(sim.requests_for(key)) == len(ok) == TPM // 1010, [r.status_code for r in replies]
+    assert all(r.headers["x-llm-governor-source"] == "limit" for r in replies if r.status_code == 429)
+
+
+def test_a_fleet_refusal_with_a_short_wait_is_held_not_answered(simulator, sim):
+    """A refusal whose wait fits the client's deadline is held (the service's wait), and the
+    request goes once the fleet's window has room: here a 1-request-per-2-seconds budget."""
+    config = {
+        "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500},
+        "limits": [{"name": "slow", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}],
+    }
+    limits = limits_file(config).replace("seconds: 60", "seconds: 2")
+    redis = Redis().start()
+    service = RlsService(redis, limits).start()
+    envoy = fleet_envoy(config, sim.port, service.port).start()
+    try:
+        key = "sk-" + uuid.uuid4().hex
+        first = post(envoy, "t", key, **{"x-stainless-timeout": "10"})
+        started = time.monotonic()
+        second = post(envoy, "t", key, **{"x-stainless-timeout": "10"})
+        waited = time.monotonic() - started
+        assert first.status_code == 200 and second.status_code == 200
+        assert "x-llm-governor-held-ms" in second.headers
+        assert 0.5 < waited < 4.0
+        assert len(sim.requests_for(key)) == 2
+    finally:
+        envoy.stop(check=False)
+        envoy.cleanup()
+        service.stop()
+        redis.stop()
+
+
+def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, sim):
+    """Redis gone: the service answers UNAVAILABLE, the fallback (this Envoy's own bucket of the
+    same rate) decides and is counted; Redis back: fleet decisions resume, no restart."""
+    f = Fleet(sim, CONFIG)
+    try:
+        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+        assert post(f.envoys[0], tenant, key).status_code == 200
+        ok_before = f.stat("fleet_calls_ok")
+        f.redis.stop()
+        started = time.monotonic()
+        during = [post(e, tenant, key) for e in f.envoys for _ in range(2)]
+        elapsed = time.monotonic() - started
+        assert all(r.status_code == 200 for r in during), [r.status_code for r in during]
+        assert elapsed < 6 * 1.5, "requests waited past the fleet timeout"
+        assert f.stat("fleet_errors") >= 6 and f.stat("fleet_fallback") >= 6
+        f.redis.start()
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            post(f.envoys[1], tenant, key)
+            if f.stat("fleet_calls_ok") > ok_before + 2:
+                break
+            time.sleep(0.3)
+        assert f.stat("fleet_calls_ok") > ok_before + 2, "fleet decisions did not resume"
+    finally:
+        f.close()
+
+
+def test_a_service_slower_than_the_timeout_never_holds_a_request_past_it(simulator, sim):
+    config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 100}}
+    f = Fleet(sim, config, rls_args=("--delay-ms", "1000"))
+    try:
+        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+        times = []
+        for envoy in f.envoys:
+            started = time.monotonic()
+            r = post(envoy, tenant, key)
+            times.append(time.monotonic() - started)
+            assert r.status_code == 200
+        # The fallback decided each within the timeout (plus the provider's own time).
+        assert max(times) < 0.9, times
+        assert f.stat("fleet_errors") >= 3 and f.stat("fleet_fallback") >= 3
+        # The local fallback is the limit's own rate, per Envoy: 12 more through one Envoy
+        # are refused at the 13th.
+        statuses = [post(f.envoys[0], tenant, key).status_code for _ in range(RPM)]
+        assert statuses.count(429) >= 1, statuses
+    finally:
+        f.close()
+
+
+def test_a_service_answering_garbage_is_an_error_handled_by_the_fallback(simulator, sim):
+    config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "on_error": "deny"}}
+    f = Fleet(sim, config, rls_args=("--answer", "garbage"))
+    try:
+        key = "sk-" + uuid.uuid4().hex
+        r = post(f.envoys[0], "t", key)
+        assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
+        assert len(sim.requests_for(key)) == 0
+        assert f.stat("fleet_errors") >= 1 and f.stat("fleet_fallback") >= 1
+        assert all(e.running() for e in f.envoys)
+    finally:
+        f.close()
+
+
+def test_one_envoy_killed_mid_request_leaves_the_fleet_serving_its_budget(simulator, sim):
+    f = Fleet(sim, CONFIG)
+    try:
+        sim.scenario({"latency_ms": 2000})
+        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+        t = threading.Thread(target=lambda: _swallow(lambda: post(f.envoys[1], tenant, key)))
+        t.start()
+        time.sleep(0.8)  # admitted by the fleet, upstream now
+        f.envoys[1].proc.kill()
+        t.join(10)
+        sim.scenario({})
+        statuses = [post(e, tenant, key).status_code for e in (f.envoys[0], f.envoys[2]) for _ in range(RPM)]
+        # The killed Envoy's request was counted: the survivors serve the rest of the budget.
+        assert statuses.count(200) == RPM - 1, statuses
+        assert len(sim.requests_for(key)) == RPM
+    finally:
+        f.close()
+
+
+def _swallow(f):
+    try:
+        f()
+    except requests.RequestException:
+        pass
+
+
+def test_an_unknown_fleet_cluster_is_refused_at_load(simulator):
+    config = {**CONFIG, "fleet": {"cluster": "no_such_cluster"}}
+    bootstrap = envoy_bootstrap(simulator.port, [wasm_filter(config)])
+    failure = Envoy(config, simulator.port, bootstrap=bootstrap).start_expecting_failure()
+    assert not failure.ready
+    assert "llm_governor: invalid configuration: fleet.cluster:" in failure.log, failure.log[-2000:]
