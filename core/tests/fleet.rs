@@ -1,6 +1,8 @@
 //! Fleet limits through the worker: what is asked of the rate-limit service, what each answer
 //! (or its absence) makes of the request, and what a stream owes the service at its end.
 
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
