@@ -59,7 +59,7 @@ impl<'a> Limits<'a> {
     /// decide). Shared-data failures admit (fail-open) and count `store_contention`: the
     /// governor never rejects traffic because of its own bookkeeping.
     pub(crate) fn take(&self, flow: &mut Flow, env: &mut Env) -> Result<(), Blocked> {
-        self.take_where(flow, env, |_, l| l.scope == Scope::Local)
+        self.take_where(flow, env, None)
     }
 
     /// Take the fleet limits `which` in this Envoy's own buckets of the same rate: the fleet's
@@ -70,7 +70,7 @@ impl<'a> Limits<'a> {
         which: &[usize],
         env: &mut Env,
     ) -> Result<(), Blocked> {
-        self.take_where(flow, env, |i, _| which.contains(&i))
+        self.take_where(flow, env, Some(which))
     }
 
     /// Give back what the flow's local limits took at admission: the fleet refused it.
@@ -89,12 +89,19 @@ impl<'a> Limits<'a> {
         flow.charges.clear();
     }
 
+    // Once, not inlined into each admission path: the module carries one copy.
+    #[inline(never)]
+    /// Take the local limits (`only` None), or the limits `only` names.
     fn take_where(
         &self,
         flow: &mut Flow,
         env: &mut Env,
-        applies: impl Fn(usize, &Limit) -> bool,
+        only: Option<&[usize]>,
     ) -> Result<(), Blocked> {
+        let applies = |i: usize, l: &Limit| match only {
+            None => l.scope == Scope::Local,
+            Some(which) => which.contains(&i),
+        };
         let mut taken: Vec<Taken> = Vec::new();
         let mut charges = Vec::new();
         let mut slots = Vec::new();

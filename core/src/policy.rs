@@ -55,10 +55,14 @@ impl Governor {
                 .limits
                 .iter()
                 .any(|l| l.kind == LimitKind::Tokens && l.reserve);
-        let mut fleet_limits: Vec<usize> = (0..cfg.limits.len())
-            .filter(|&i| cfg.limits[i].scope == crate::config::Scope::Fleet)
-            .collect();
-        fleet_limits.sort_by_key(|&i| cfg.limits[i].kind != LimitKind::Tokens);
+        let limits = &cfg.limits;
+        let fleet = |tokens: bool| {
+            (0..limits.len()).filter(move |&i| {
+                let l = &limits[i];
+                l.scope == crate::config::Scope::Fleet && (l.kind == LimitKind::Tokens) == tokens
+            })
+        };
+        let fleet_limits: Vec<usize> = fleet(true).chain(fleet(false)).collect();
         Governor {
             cfg,
             ids,

@@ -666,6 +666,7 @@ impl Worker {
     }
 
     /// Admitted locally: ask the fleet's service for every fleet limit, at once, and wait.
+    #[inline(never)]
     fn ask_fleet(
         &mut self,
         id: u32,
@@ -702,6 +703,7 @@ impl Worker {
 
     /// Every call of a request's admission is in (or overdue): go, or be held or answered as
     /// the fleet (or, for calls that failed, `fleet.on_error`) says.
+    #[inline(never)]
     fn fleet_decided(&mut self, id: u32, lent: &mut Lent) -> Reaction {
         let Some(Stream::AwaitingFleet(w)) = self.take_stream(id) else {
             return Reaction::none();

@@ -140,7 +140,9 @@ impl Vm {
         }
     }
 
-    /// Envoy delivered what became of a call (`status` 0: answered, `size` bytes).
+    /// Envoy delivered what became of a call (`status` 0: answered, `size` bytes). One copy
+    /// for the root's and the streams' callbacks.
+    #[inline(never)]
     fn on_service_answer(&self, token: u32, status: u32, size: usize) {
         let found = self.calls.try_borrow_mut().ok().and_then(|mut calls| {
             let at = calls.iter().position(|c| c.0 == token)?;
