@@ -3,6 +3,9 @@
 # module and runs its on_configure, so the embedded plugin configurations are checked too.
 # Configs that name the module by another path (e.g. /etc/envoy/ in the Docker image) are
 # validated from a copy that points at the freshly built module.
+# A config with fleet limits is loaded with `--mode init_only` instead (its ports set to 0):
+# the filter refuses an unknown `fleet.cluster` at load by asking Envoy for the cluster, and
+# `--mode validate` builds no clusters to ask (every name reads as unknown there).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -21,7 +24,13 @@ for config in "${REPO_ROOT}"/envoy/*.yaml "${REPO_ROOT}"/envoy/*.yml "${REPO_ROO
   esac
   copy="${tmp}/${name}"
   sed -E "s#(filename:[[:space:]]*\"?)[^\"[:space:]}]*llm_governor\.wasm#\1${WASM_MODULE}#" "${config}" >"${copy}"
-  if out="$(cd "${REPO_ROOT}" && "${envoy_bin}" --mode validate --config-path "${copy}" --disable-hot-restart 2>&1)"; then
+  mode=(--mode validate)
+  if grep -q '"fleet"' "${copy}"; then
+    sed -i -E 's#port_value: [0-9]+\}#port_value: 0}#' "${copy}"
+
+    mode=(--mode init_only --base-id "$(( (RANDOM % 500) + 9000 ))")
+  fi
+  if out="$(cd "${REPO_ROOT}" && "${envoy_bin}" "${mode[@]}" --config-path "${copy}" --disable-hot-restart 2>&1)"; then
     printf 'ok      envoy/%s\n' "${name}"
   else
     printf 'FAILED  envoy/%s\n' "${name}"

@@ -55,7 +55,7 @@ class Fleet:
         self.envoys = [fleet_envoy(config, sim.port, self.services[i % 2].port).start() for i in range(3)]
 
     def stat(self, name: str) -> int:
-        return sum(int(e.stat(f"wasmcustom.llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running())
+        return sum(int(e.stat(f"wasmcustom.llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running)
 
     def close(self) -> None:
         for e in self.envoys:
@@ -227,7 +227,7 @@ def test_a_service_answering_garbage_is_an_error_handled_by_the_fallback(simulat
         assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
         assert len(sim.requests_for(key)) == 0
         assert f.stat("fleet_errors") >= 1 and f.stat("fleet_fallback") >= 1
-        assert all(e.running() for e in f.envoys)
+        assert all(e.running for e in f.envoys)
     finally:
         f.close()
 
@@ -264,3 +264,22 @@ def test_an_unknown_fleet_cluster_is_refused_at_load(simulator):
     failure = Envoy(config, simulator.port, bootstrap=bootstrap).start_expecting_failure()
     assert not failure.ready
     assert "llm_governor: invalid configuration: fleet.cluster:" in failure.log, failure.log[-2000:]
+
+
+def test_the_shipped_limitador_limits_match_the_shipped_fleet_config():
+    """envoy/limitador/limits.yaml holds the numbers of envoy/fleet.yaml's fleet limits, in the
+    descriptor shape the filter sends."""
+    import json
+
+    import yaml
+
+    from harness import REPO_ROOT
+
+    envoy = yaml.safe_load((REPO_ROOT / "envoy" / "fleet.yaml").read_text())
+    hcm = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    wasm = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")
+    config = json.loads(wasm["typed_config"]["config"]["configuration"]["value"])
+    clusters = {c["name"] for c in envoy["static_resources"]["clusters"]}
+    assert config["fleet"]["cluster"] in clusters
+    shipped = yaml.safe_load((REPO_ROOT / "envoy" / "limitador" / "limits.yaml").read_text())
+    assert shipped == yaml.safe_load(limits_file(config))
