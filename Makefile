@@ -7,7 +7,7 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim envoy venv test run lint validate bench storm soak fuzz
+.PHONY: help build sim rls envoy venv test run lint validate bench storm soak fuzz
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint      rustfmt check and clippy (host and wasm32, -D warnings)"
 	@echo "make validate  envoy --mode validate on every config in envoy/"
 	@echo "make sim       build the provider simulator ($(SIM_BIN))"
+	@echo "make rls       build the Limitador-compatible test fixture (integration/limitador-rls; Debian packages on demand)"
 	@echo "make envoy     obtain Envoy if needed and print its path"
 	@echo "make fuzz      every fuzz target for FUZZ_SECONDS (default 60) each, one at a time, nice'd (nightly + cargo-fuzz on demand)"
 	@echo "make soak      10 minutes of mixed traffic, then nothing stuck, counters add up, memory flat (SOAK_SECONDS=...)"
@@ -26,13 +27,16 @@ build:
 sim:
 	@cargo build --release -p llm-sim
 
+rls:
+	@scripts/build-rls.sh >/dev/null
+
 envoy:
 	@scripts/ensure-envoy.sh
 
 venv:
 	@scripts/ensure-venv.sh
 
-test: build sim envoy venv
+test: build sim rls envoy venv
 	@scripts/test.sh $(PYTEST_ARGS)
 
 run: build sim envoy
