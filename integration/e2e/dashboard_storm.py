@@ -6,8 +6,9 @@ The gateway: Envoy with the module in front of the simulator, a fallback pool ro
 the same simulator under the injected credential (harness.failover_bootstrap), a tenant bucket,
 a max_in_flight cap of 2 and short holds. The storm, ~17 s, one phase after another, several
 client threads in each:
-1. success with 400 ms latency and rate-limit headers: the cap fills, requests are held, the
-   budget gauges are set; a tenant over its bucket is held or answered `limit`;
+1. success with 400 ms latency and rate-limit headers: an Anthropic account's cap fills (a
+   pool without fallback, so its requests are held, not steered), the budget gauges are set;
+   a tenant over its bucket is held or answered `limit`;
 2. 429s with retry-after 2 s for one Anthropic and one OpenAI account: cooldowns, holds,
    local answers for clients that cannot wait, the OpenAI account steered to its fallback;
 3. a quota answer for another Anthropic account (a pool without fallback): quota_exhausted,
@@ -139,14 +140,14 @@ def _phase(envoy, seconds: float, clients: list, counts: dict) -> None:
 def run_storm(envoy, sim) -> dict:
     """Runs the four phases; returns the status codes the clients saw."""
     tag = uuid.uuid4().hex[:8]
-    oai, anth, quota, tenant = (f"sk-{name}-{tag}" for name in ("oai", "anth", "quota", "tenant"))
+    oai, anth, quota, tenant, capped = (f"sk-{name}-{tag}" for name in ("oai", "anth", "quota", "tenant", "capped"))
     retry = {"x-stainless-retry-count": "1"}
     counts: dict = {}
     sim.reset()
     sim.scenario({"latency_ms": 400, "ratelimit": {
         "limit_requests": 500, "remaining_requests": 120, "reset_requests_ms": 30000,
         "limit_tokens": 100000, "remaining_tokens": 40000, "reset_tokens_ms": 6000}})
-    _phase(envoy, 5, [("/v1/chat/completions", oai)] * 5
+    _phase(envoy, 5, [("/v1/messages", capped)] * 5
            + [("/v1/chat/completions", tenant, {"x-tenant-id": "acme"})] * 3
            + [("/v1/messages", anth, retry)], counts)
     sim.scenario({"mode": "rate_limited", "retry_after_s": 2, "keys": [oai, anth]})
