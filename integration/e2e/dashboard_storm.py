@@ -45,7 +45,7 @@ CONFIG = {
         {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"},
     ],
     "limits": [
-        {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 120, "burst": 3},
+        {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 600, "burst": 10},
         {"name": "cap", "key": "account", "max_in_flight": MAX_IN_FLIGHT},
     ],
     "hold": {"max_ms": 2500},
