@@ -7,7 +7,7 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim rls envoy venv test run lint validate bench storm soak fuzz
+.PHONY: help build sim rls envoy venv test run lint validate bench storm soak fuzz image publish
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
@@ -20,6 +20,8 @@ help:
 	@echo "make envoy     obtain Envoy if needed and print its path"
 	@echo "make fuzz      every fuzz target for FUZZ_SECONDS (default 60) each, one at a time, nice'd (nightly + cargo-fuzz on demand)"
 	@echo "make soak      10 minutes of mixed traffic, then nothing stuck, counters add up, memory flat (SOAK_SECONDS=...)"
+	@echo "make image     the module as an OCI image layout in target/oci (prints its digest, pins deploy/ to it)"
+	@echo "make publish   push target/oci with skopeo: make publish REGISTRY=host/repo (PUBLISH_TLS_VERIFY=false for a local one)"
 
 build:
 	@scripts/build.sh
@@ -64,3 +66,12 @@ soak: build sim envoy venv
 FUZZ_SECONDS ?= 60
 fuzz:
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
+
+# Deployment: the OCI image Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy pull
+# (README, "Deploy"). `image` rewrites the sha256 in deploy/'s manifests to the digest it
+# built, so what you publish is what they pin; make test fails while they pin another one.
+image: build
+	@python3 scripts/oci_image.py build --rewrite-manifests
+
+publish: image
+	@scripts/publish.sh "$(REGISTRY)"
