@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/build.sh
 cargo build --release -p llm-sim
+# The fleet storm (configurations x-*) needs the Limitador-compatible fixture and redis-server.
+scripts/build-rls.sh >/dev/null
 export ENVOY_BIN="${ENVOY_BIN:-$(scripts/ensure-envoy.sh)}"
 scripts/ensure-venv.sh
 req=bench/storm/requirements.txt

@@ -140,14 +140,20 @@ def rls_cluster(port: int, name: str = RLS_CLUSTER) -> dict:
     }
 
 
+# Every replica of a fleet keys its ids with the same secret (README, "Keyed ids"), so an
+# account-keyed fleet limit is one key at the service whichever replica asks.
+FLEET_HASH_KEY = "fleet-rig-shared-hash-key-0123456789"
+
+
 def fleet_envoy(plugin_config: dict, upstream_port: int, rls_port: int, concurrency: int = 1,
                 **kwargs) -> Envoy:
     """An Envoy whose llm-governor calls the rate-limit service on rls_port."""
     bootstrap = envoy_bootstrap(
         upstream_port,
-        [wasm_filter(plugin_config)],
+        [wasm_filter(plugin_config, host_env_keys=["LLM_GOVERNOR_HASH_KEY"])],
         extra_clusters=[rls_cluster(rls_port)],
     )
+    kwargs.setdefault("env", {"LLM_GOVERNOR_HASH_KEY": FLEET_HASH_KEY})
     return Envoy(plugin_config, upstream_port, concurrency=concurrency, bootstrap=bootstrap, **kwargs)
 
 

@@ -77,7 +77,39 @@ CONFIG_NAMES = {
     "e-tpm-default": "Envoy + llm-governor, tokens_per_minute 20,000, the defaults (reserve, settle: auto)",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
+    "x-once": "3 Envoys, LB 60/30/10, local limits written once",
+    "x-split": "3 Envoys, LB 60/30/10, local limits split three ways",
+    "x-fleet": "3 Envoys, LB 60/30/10, fleet limits (Limitador-compatible service on Redis)",
 }
+
+# The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
+# 60,000 tokens a minute, written as the gateway's limits three ways. Local limits are buckets
+# of a per-minute rate (burst: one window's worth); fleet limits are the service's fixed windows
+# of the provider's own length (the limits file below).
+FLEET_RPM, FLEET_WINDOW_S, FLEET_TPM = 90, 20, 60_000
+FLEET_WEIGHTS = (60, 30, 10)
+
+
+def fleet_limits(scope: str, share: int = 1) -> list:
+    return [
+        {"name": "key-rpm", "key": "account", "requests_per_minute": FLEET_RPM // share,
+         "burst": FLEET_RPM * FLEET_WINDOW_S // 60 // share, "scope": scope},
+        {"name": "key-tpm", "key": "account", "tokens_per_minute": FLEET_TPM // share, "scope": scope},
+    ]
+
+
+FLEET_CONFIGS = {
+    "x-once": {"pools": POOLS, "limits": fleet_limits("local")},
+    "x-split": {"pools": POOLS, "limits": fleet_limits("local", share=3)},
+    "x-fleet": {"pools": POOLS, "fleet": {"cluster": "llm_governor_ratelimit", "timeout_ms": 100},
+                "limits": fleet_limits("fleet")},
+}
+FLEET_LIMITS_FILE = "".join(
+    f"- namespace: llm_governor\n  name: {name}\n  max_value: {value}\n  seconds: {seconds}\n"
+    f"  conditions: [\"descriptors[0]['limit'] == '{name}'\"]\n  variables: [\"descriptors[0]['key']\"]\n"
+    for name, value, seconds in (("key-rpm", FLEET_RPM * FLEET_WINDOW_S // 60, FLEET_WINDOW_S),
+                                 ("key-tpm", FLEET_TPM, 60))
+)
 
 
 class GatewayUnavailable(RuntimeError):
@@ -309,12 +341,95 @@ def litellm_version() -> str:
     return out.stdout.strip()
 
 
+class FleetGateway(Gateway):
+    """(x-once), (x-split), (x-fleet): three Envoys with llm-governor behind a fourth Envoy that
+    balances 60/30/10 (weighted clusters); for (x-fleet) a Redis and two Limitador-compatible
+    services on it (integration/limitador-rls), Envoys 1 and 3 asking one, Envoy 2 the other."""
+
+    def __init__(self, key: str, sim: Simulator):
+        from fleet_rig import Redis, RlsService, fleet_envoy
+
+        self.key = key
+        self.sim = sim
+        self.config = FLEET_CONFIGS[key]
+        self.redis = Redis() if key == "x-fleet" else None
+        self.services: list = []
+        self.replicas: list = []
+        self.lb: Optional[Envoy] = None
+        self._make = (RlsService, fleet_envoy)
+
+    def start(self) -> "FleetGateway":
+        RlsService, fleet_envoy = self._make
+        try:
+            if self.redis is not None:
+                self.redis.start()
+                self.services = [RlsService(self.redis, FLEET_LIMITS_FILE).start() for _ in range(2)]
+                ports = [self.services[i % 2].port for i in range(3)]
+                self.replicas = [fleet_envoy(self.config, self.sim.port, p, concurrency=1).start() for p in ports]
+            else:
+                self.replicas = [Envoy(self.config, upstream_port=self.sim.port, concurrency=1).start()
+                                 for _ in range(3)]
+            self.lb = Envoy(None, upstream_port=self.sim.port, concurrency=1,
+                            bootstrap=lb_bootstrap([e.port for e in self.replicas])).start()
+        except HarnessError as err:
+            self.stop()
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def stop(self) -> None:
+        for e in self.replicas + ([self.lb] if self.lb else []):
+            e.stop(check=False)
+            e.cleanup()
+        for s in self.services:
+            s.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def base_url(self) -> str:
+        assert self.lb is not None
+        return self.lb.url + "/v1"
+
+    def info(self) -> dict:
+        out: dict = {}
+        prefix = "wasmcustom.llm_governor.pool.openai."
+        for i, e in enumerate(self.replicas):
+            if not e.running:
+                continue
+            stats = e.stats()
+            for k, v in stats.items():
+                if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES):
+                    out[k[len(prefix):]] = out.get(k[len(prefix):], 0) + v
+            n = stats.get("cluster.provider.upstream_rq_total", 0)
+            out[f"replica{i + 1}.upstream_rq_total"] = n
+            out["upstream_rq_total"] = out.get("upstream_rq_total", 0) + n
+        return out
+
+
+def lb_bootstrap(ports: list) -> dict:
+    """An Envoy that spreads requests over `ports` by FLEET_WEIGHTS (weighted clusters)."""
+    boot = envoy_bootstrap(ports[0], [])
+    names = [f"replica{i + 1}" for i in range(len(ports))]
+    boot["static_resources"]["clusters"] = [
+        {"name": n, "type": "STATIC", "connect_timeout": "2s",
+         "load_assignment": {"cluster_name": n, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+             "socket_address": {"address": "127.0.0.1", "port_value": p}}}}]}]}}
+        for n, p in zip(names, ports)
+    ]
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    route.pop("cluster")
+    route["weighted_clusters"] = {"clusters": [{"name": n, "weight": w} for n, w in zip(names, FLEET_WEIGHTS)]}
+    return boot
+
+
 def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None) -> Gateway:
     """backup: the second provider, needed by (e-fo) and (d-fo) and ignored by the others."""
     if key not in CONFIG_NAMES:
         raise ValueError(f"unknown configuration {key!r}: one of {', '.join(CONFIG_NAMES)}")
     if key == "a":
         return Direct(sim)
+    if key in FLEET_CONFIGS:
+        return FleetGateway(key, sim)
     if key in LITELLM_MAX_PARALLEL:
         return LiteLLMGateway(key, sim, backup=backup)
     return EnvoyGateway(key, sim, concurrency, backup=backup)

@@ -242,6 +242,25 @@ TPM_FULL = dataclasses.replace(
 )
 
 
+# Issue 21: a fleet of three Envoys behind an uneven load balancer (60/30/10) in front of one
+# provider key that allows 30 requests per 20 s window (rejected ones counted) and 60,000 tokens
+# a minute. 30 SDK clients make 3 calls each over 1 s: 90 calls need at least three windows.
+FLEET_CONFIGS = ("x-once", "x-split", "x-fleet")
+FLEET = Storm(
+    name="fleet",
+    title="fleet (issue 21): 3 Envoys, LB 60/30/10, 30 SDK clients x 3 calls, provider 30 req / 20 s "
+          "and 60,000 tokens/min on the key",
+    clients=30,
+    calls_per_client=3,
+    start_spread_ms=1000.0,
+    phases=[Phase({"limit": {"requests": 30, "window_ms": 20_000}, "tpm": {"tokens": 60_000}})],
+    schedule_min_ms=2 * 20_000,
+    configs=FLEET_CONFIGS,
+    run_timeout_s=150.0,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -267,6 +286,7 @@ SCENARIOS = {
     "issue3-failover": lambda: [ISSUE3_FAILOVER],
     "spendcap-failover": lambda: [SPENDCAP_FAILOVER, SPENDCAP_FAILOVER_STORM],
     "tpm": lambda: [TPM],
+    "fleet": lambda: [FLEET],
     "tpm-full": lambda: [TPM_FULL],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
