@@ -407,15 +407,21 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     assert_eq!(owed[0].method, Method::ShouldRateLimit);
 }
 
-#[test]
-fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
+/// A token budget and a request limit, both the fleet's: the two calls a request with a body
+/// makes (stream 3).
+fn token_and_request_limits_asked() -> (Host, Vec<ServiceCall>) {
     let cfg = TPM.replace(
         r#""settle": "usage"}]"#,
         r#""settle": "usage"}, {"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 1, "scope": "fleet"}]"#,
     );
     let mut h = Host::new(&cfg);
     let r = with_body(&mut h, 3);
-    let asked = calls(&r);
+    (h, calls(&r))
+}
+
+#[test]
+fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
+    let (mut h, asked) = token_and_request_limits_asked();
     assert_eq!(asked.len(), 2);
     assert_eq!(
         asked[0].method,
@@ -436,13 +442,7 @@ fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
 
 #[test]
 fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
-    let cfg = TPM.replace(
-        r#""settle": "usage"}]"#,
-        r#""settle": "usage"}, {"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 1, "scope": "fleet"}]"#,
-    );
-    let mut h = Host::new(&cfg);
-    let r = with_body(&mut h, 3);
-    let asked = calls(&r);
+    let (mut h, asked) = token_and_request_limits_asked();
     answer(
         &mut h,
         3,

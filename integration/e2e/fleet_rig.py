@@ -29,7 +29,26 @@ def redis_server() -> str:
     return found
 
 
-class Redis:
+class _Process:
+    """A server process of the rig: stop() ends it; a `with` block starts and stops it."""
+
+    proc: Optional[subprocess.Popen] = None
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        terminate(self.proc, grace_s=2.0)
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Redis(_Process):
     """redis-server on a free loopback port, no persistence; stop() kills it, start() again
     brings it back on the same port (empty)."""
 
@@ -61,19 +80,12 @@ class Redis:
                 time.sleep(0.05)
         raise HarnessError("redis-server did not answer PING")
 
-    def stop(self) -> None:
-        terminate(self.proc, grace_s=2.0)
-        self.proc = None
-
-    def __enter__(self) -> "Redis":
-        return self.start()
-
     def __exit__(self, *exc) -> None:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class RlsService:
+class RlsService(_Process):
     """One instance of the Limitador-compatible fixture on `redis`, with a limits file."""
 
     def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
@@ -108,16 +120,6 @@ class RlsService:
                 self.port = int(line.strip().rsplit(":", 1)[1])
                 return self
         raise HarnessError("limitador-rls did not say it listens")
-
-    def stop(self) -> None:
-        terminate(self.proc, grace_s=2.0)
-        self.proc = None
-
-    def __enter__(self) -> "RlsService":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def rls_cluster(port: int, name: str = RLS_CLUSTER) -> dict:
