@@ -260,6 +260,23 @@ FLEET = Storm(
     fresh_gateway=True,
 )
 
+# What cooldowns cost a fleet (they stay per Envoy: README "Fleet"): the issue-5 outage through
+# the three Envoys, with fleet limits the provider never meets. Each replica learns the
+# cooldown from a 429 of its own: a provider round costs at most one probe per replica.
+FLEET_COOLDOWN = Storm(
+    name="fleet-cooldown",
+    title="fleet cooldowns: 3 Envoys, LB 60/30/10, 20 SDK clients, 429 for 2.5 s (retry-after: 1), "
+          "then limit 10 req / 2 s",
+    clients=20,
+    phases=[
+        Phase({"mode": "rate_limited", "retry_after_s": 1.0, "until_ms": 10_000}),
+        Phase({"limit": {"requests": 10, "window_ms": 2000}}, at_ms=2500),
+    ],
+    recovers_in_phase=1,
+    configs=("x-once", "x-fleet"),
+    fresh_gateway=True,
+)
+
 
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
@@ -286,7 +303,7 @@ SCENARIOS = {
     "issue3-failover": lambda: [ISSUE3_FAILOVER],
     "spendcap-failover": lambda: [SPENDCAP_FAILOVER, SPENDCAP_FAILOVER_STORM],
     "tpm": lambda: [TPM],
-    "fleet": lambda: [FLEET],
+    "fleet": lambda: [FLEET, FLEET_COOLDOWN],
     "tpm-full": lambda: [TPM_FULL],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
