@@ -7,10 +7,11 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim envoy venv test run lint validate bench storm soak fuzz
+.PHONY: help build build-native sim envoy venv test run lint validate bench storm soak fuzz
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
+	@echo "make build-native  build the Envoy dynamic module (target/release/libllm_governor.so)"
 	@echo "make run       provider simulator + Envoy with the module on http://127.0.0.1:10000"
 	@echo "make test      native tests and end-to-end tests against a real Envoy (PYTEST_ARGS=\"-k quota\" to select)"
 	@echo "make lint      rustfmt check and clippy (host and wasm32, -D warnings)"
@@ -23,6 +24,9 @@ help:
 build:
 	@scripts/build.sh
 
+build-native:
+	@scripts/build-native.sh
+
 sim:
 	@cargo build --release -p llm-sim
 
@@ -32,7 +36,7 @@ envoy:
 venv:
 	@scripts/ensure-venv.sh
 
-test: build sim envoy venv
+test: build build-native sim envoy venv
 	@scripts/test.sh $(PYTEST_ARGS)
 
 run: build sim envoy
