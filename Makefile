@@ -49,7 +49,7 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p llm-governor --target wasm32-wasip1 -- -D warnings
 
-validate: build envoy
+validate: build build-native envoy
 	@scripts/validate.sh
 
 storm:

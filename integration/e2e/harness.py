@@ -238,6 +238,27 @@ def wasm_filter(
     }
 
 
+NO_STOP_ITERATION_OPTION = (
+    "a dynamic module has no allow_on_headers_stop_iteration: its StopIteration is real, so "
+    "bodies always reach a paused filter and the fallback this tests never happens"
+)
+PROMETHEUS_LABELS = "the native module's stats carry real labels (pool, class, ...) instead of tag regexes"
+
+
+def wasm_only(why: str):
+    """A pytest mark: this test is of the wasm artifact only, for the reason given."""
+    import pytest
+
+    return pytest.mark.skipif(NATIVE, reason=f"wasm only: {why}")
+
+
+def native_only(why: str):
+    """A pytest mark: this test is of the native artifact only, for the reason given."""
+    import pytest
+
+    return pytest.mark.skipif(not NATIVE, reason=f"native only: {why}")
+
+
 def native_filter(plugin_config: Union[dict, str], name: str = "llm_governor") -> dict:
     """The dynamic-module filter entry exactly as the contract declares it: the module is found
     by name in $ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the harness sets it for every Envoy)."""
@@ -275,6 +296,22 @@ def native_stat_name(pool: str, stat: str) -> str:
             value = stat[len(prefix):]
             return f"dynamicmodulescustom.llm_governor.{family}.pool.{pool}.{label}.{value}"
     return f"dynamicmodulescustom.llm_governor.{stat}.pool.{pool}"
+
+
+def prometheus_series(pool: str, stat: str, suffix: str = "", extra: str = "") -> str:
+    """The /stats/prometheus series of stat `stat` of `pool` for the artifact under test: wasm
+    `llm_governor_pool_<stat><suffix>{llm_pool="<pool>"<extra>}` (the shipped stats_tags regex);
+    native `envoy_dynamicmodulescustom_llm_governor_<family><suffix>{pool="<pool>"[,<label>="<v>"]<extra>}`
+    (real labels; Envoy keeps the envoy_ prefix and the namespace of a dynamic module's stats).
+    `suffix` is `_bucket`, `_count`, ...; `extra` more labels (`,le="2500"`)."""
+    if not NATIVE:
+        return f'llm_governor_pool_{stat}{suffix}{{llm_pool="{pool}"{extra}}}'
+    labels = f'pool="{pool}"'
+    family = stat
+    for prefix, fam, label in _NATIVE_LABELLED:
+        if stat.startswith(prefix):
+            family, labels = fam, labels + f',{label}="{stat[len(prefix):]}"'
+    return f"envoy_dynamicmodulescustom_llm_governor_{family}{suffix}{{{labels}{extra}}}"
 
 
 def wasm_stat_name(native: str) -> Optional[str]:

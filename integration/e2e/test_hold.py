@@ -19,7 +19,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import envoy_bootstrap, wasm_filter
+from harness import envoy_bootstrap, governor_filter
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -327,7 +327,7 @@ def test_max_in_flight_is_exact_across_workers_and_callers_wait_instead_of_429(e
 
 def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factory, sim):
     # Route timeout 1 s against a 2 s provider: Envoy answers 504 itself.
-    bootstrap = envoy_bootstrap(simulator.port, [wasm_filter(cap_config(2, max_ms=0))], route_timeout="1s")
+    bootstrap = envoy_bootstrap(simulator.port, [governor_filter(cap_config(2, max_ms=0))], route_timeout="1s")
     envoy = envoy_factory(None, bootstrap=bootstrap)
     key = new_key()
     sim.scenario({"mode": "ok", "latency_ms": 2_000})

@@ -6,6 +6,7 @@ use llm_governor_core::metrics::{Catalogue, Counter, Family, Gauge, Histogram, K
 use llm_governor_core::store::MemStore;
 use llm_governor_core::worker::StreamIo;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -52,6 +53,8 @@ pub struct StatId {
 pub struct Stats {
     catalogue: Catalogue<StatId>,
     pools: Vec<String>,
+    /// Whether every counter and gauge was made to exist (see `exist`).
+    made: AtomicBool,
 }
 
 impl Stats {
@@ -81,7 +84,30 @@ impl Stats {
             })
         });
         let pools = config.pools.iter().map(|p| p.name.clone()).collect();
-        Stats { catalogue, pools }
+        Stats {
+            catalogue,
+            pools,
+            made: AtomicBool::new(false),
+        }
+    }
+
+    /// Make every counter and gauge of every pool exist, at 0, on the first stream: Envoy
+    /// creates a labelled stat on its first write (and only a stream can write), while rate()
+    /// and alerts want the series from the start. Histograms are left alone: a write would be
+    /// a sample.
+    pub fn exist(&self, s: Stream) {
+        if self.made.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let mut sink = self.on(s);
+        for pool in 0..self.pools.len() {
+            for c in Counter::ALL {
+                sink.write(pool, self.catalogue.counter(pool, c), StatOp::Increment, 0);
+            }
+            for g in Gauge::ALL {
+                sink.write(pool, self.catalogue.gauge(pool, g), StatOp::Raise, 0);
+            }
+        }
     }
 
     /// The sink for a call on stream `s` (Envoy finds the stats through the stream's filter).

@@ -88,6 +88,7 @@ fn config_destroy(module: Arc<Module>) {
 }
 
 fn filter_new(module: Arc<Module>, stream: Stream) -> Filter {
+    module.stats.exist(stream);
     let slot = stream.worker_index() as usize % module.slots.len();
     let id = module.slots[slot].next_id.fetch_add(1, Ordering::Relaxed);
     Filter {
@@ -312,7 +313,12 @@ impl Drop for Filter {
 fn effect_call(t: Stream, effect: Effect) -> Option<Failure> {
     let (what, failure) = (effect.what(), effect.failure());
     let done = match effect {
-        Effect::StripSteeringHeader => t.set_header(Map::Request, STEERING_HEADER, None),
+        Effect::StripSteeringHeader => {
+            let removed = t.set_header(Map::Request, STEERING_HEADER, None);
+            // Envoy picked the route before the filters ran, maybe by that header: again.
+            t.clear_route_cache();
+            removed
+        }
         Effect::Steer(pool) => {
             let set = t.set_header(Map::Request, STEERING_HEADER, Some(&pool));
             // The router picks the route again, now by the pool's header.
@@ -322,9 +328,11 @@ fn effect_call(t: Stream, effect: Effect) -> Option<Failure> {
         Effect::SetResponseHeaders(hs) => hs.iter().fold(true, |ok, (n, v)| {
             t.set_header(Map::Response, n, Some(v)) & ok
         }),
-        Effect::AccessLog(fields) => fields
-            .iter()
-            .fold(true, |ok, (k, v)| t.set_filter_state(k, v) & ok),
+        Effect::AccessLog(fields) => fields.iter().fold(true, |ok, (k, v)| {
+            // The keys the wasm module's fields have (Envoy prefixes a wasm filter's with
+            // `wasm.`), so one access-log format serves both modules.
+            t.set_filter_state(&format!("wasm.{k}"), v) & ok
+        }),
         Effect::DropRequestBody(n) => {
             // What Envoy kept so far and the chunk of this hook, if any.
             let kept = t.drain(Body::BufferedRequest, n);
