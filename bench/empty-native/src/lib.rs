@@ -2,7 +2,6 @@
 //! requires, each answering "continue". It calls no callback, so it declares none.
 
 use std::ffi::c_void;
-use std::ptr::null;
 
 /// Envoy's `{ptr, length}` buffer, passed by value to `config_new`.
 #[repr(C)]
