@@ -15,12 +15,15 @@ pub struct Headers<'a> {
     repr: Repr<'a>,
 }
 
+/// A (name, value) pair a host lends.
+pub type Pair<'a> = (&'a [u8], &'a [u8]);
+
 #[derive(Clone, Copy)]
 enum Repr<'a> {
     Owned(&'a [(String, Vec<u8>)]),
     Wire(&'a WireHeaders),
     /// Slices a host lends for the length of a callback, with the `name_bit` summary.
-    Borrowed(&'a [(&'a [u8], &'a [u8])], u64),
+    Borrowed(&'a [Pair<'a>], u64),
 }
 
 impl<'a> Headers<'a> {
@@ -38,7 +41,7 @@ impl<'a> Headers<'a> {
 
     /// A view of (name, value) slices a host lends (the dynamic-module host: pointers into
     /// Envoy's header map, valid for the callback). Names are Envoy's, lowercase.
-    pub fn borrowed(pairs: &'a [(&'a [u8], &'a [u8])]) -> Self {
+    pub fn borrowed(pairs: &'a [Pair<'a>]) -> Self {
         let names = pairs.iter().fold(0, |bits, (n, _)| bits | name_bit(n));
         Self {
             repr: Repr::Borrowed(pairs, names),
@@ -47,12 +50,12 @@ impl<'a> Headers<'a> {
 
     /// Every (name, value) pair, in order.
     pub fn pairs(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        let (owned, wire, borrowed): (&'a [(String, Vec<u8>)], _, &'a [(&'a [u8], &'a [u8])]) =
-            match self.repr {
-                Repr::Owned(p) => (p, None, &[]),
-                Repr::Wire(w) => (&[], Some(w), &[]),
-                Repr::Borrowed(b, _) => (&[], None, b),
-            };
+        let (owned, wire, borrowed): (&'a [(String, Vec<u8>)], _, &'a [Pair<'a>]) = match self.repr
+        {
+            Repr::Owned(p) => (p, None, &[]),
+            Repr::Wire(w) => (&[], Some(w), &[]),
+            Repr::Borrowed(b, _) => (&[], None, b),
+        };
         owned
             .iter()
             .map(|(n, v)| (n.as_bytes(), v.as_slice()))

@@ -99,7 +99,7 @@ impl Stats {
         if self.made.swap(true, Ordering::Relaxed) {
             return;
         }
-        let mut sink = self.on(s);
+        let sink = self.on(s);
         for pool in 0..self.pools.len() {
             for c in Counter::ALL {
                 sink.write(pool, self.catalogue.counter(pool, c), StatOp::Increment, 0);
