@@ -193,7 +193,8 @@ pub fn stat_name(pool: &str, metric: &str) -> String {
 /// of stat, labelled `pool` and, where the wasm name folds a second dimension into the name, by
 /// that too: `upstream_rate_limited` is `llm_governor.upstream{pool, class="rate_limited"}`,
 /// `local_reject_cooldown` is `llm_governor.local_reject{pool, reason="cooldown"}`,
-/// `exhausted_tokens` is `llm_governor.exhausted{pool, dimension="tokens"}`; every other stat is
+/// `exhausted_tokens` is `llm_governor.exhausted{pool, dimension="tokens"}`,
+/// `fleet_calls_ok` is `llm_governor.fleet_calls{pool, outcome="ok"}`; every other stat is
 /// `llm_governor.<stat>{pool}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Family {
@@ -204,10 +205,11 @@ pub struct Family {
 }
 
 /// Families whose stats differ by a second label: (name prefix of the stats, family, label).
-const LABELLED: [(&str, &str, &str); 3] = [
+const LABELLED: [(&str, &str, &str); 4] = [
     ("upstream_", "llm_governor.upstream", "class"),
     ("local_reject_", "llm_governor.local_reject", "reason"),
     ("exhausted_", "llm_governor.exhausted", "dimension"),
+    ("fleet_calls_", "llm_governor.fleet_calls", "outcome"),
 ];
 
 impl Family {
@@ -231,7 +233,7 @@ impl Family {
 
 /// `llm_governor.<stat>` for every stat that is its own family (a `&'static str` each, as the
 /// host's define call keeps no copy it does not make itself).
-const FAMILIES: [(&str, &str); 22] = [
+const FAMILIES: [(&str, &str); 25] = [
     ("overflow_keys", "llm_governor.overflow_keys"),
     ("preemptive_cooldown", "llm_governor.preemptive_cooldown"),
     ("store_contention", "llm_governor.store_contention"),
@@ -263,6 +265,9 @@ const FAMILIES: [(&str, &str); 22] = [
     ("in_flight", "llm_governor.in_flight"),
     ("retry_after_ms", "llm_governor.retry_after_ms"),
     ("hold_ms", "llm_governor.hold_ms"),
+    ("fleet_errors", "llm_governor.fleet_errors"),
+    ("fleet_fallback", "llm_governor.fleet_fallback"),
+    ("fleet_call_ms", "llm_governor.fleet_call_ms"),
 ];
 
 /// Where stats go. `pool` is the index of the pool in the configuration.

@@ -286,7 +286,7 @@ def governor_filter(plugin_config: Union[dict, str], **wasm_args: Any) -> dict:
 # `dynamicmodulescustom.` namespace; /stats names them with their labels, in order, after the
 # family's name.
 _NATIVE_LABELLED = (("upstream_", "upstream", "class"), ("local_reject_", "local_reject", "reason"),
-                    ("exhausted_", "exhausted", "dimension"))
+                    ("exhausted_", "exhausted", "dimension"), ("fleet_calls_", "fleet_calls", "outcome"))
 
 
 def native_stat_name(pool: str, stat: str) -> str:

@@ -17,6 +17,7 @@ mod timer;
 
 use abi::{Body, ConfigHandle, Map, Scheduler, Stream};
 use adapters::{Discard, Io, Stats};
+use llm_governor_core::fleet::ServiceReply;
 use llm_governor_core::headers::Headers;
 use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::policy::{Governor, RequestView};
@@ -64,6 +65,13 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
             return None;
         }
     };
+    if gov.cfg.fleet.is_some() {
+        log::warn!(
+            "llm_governor: the native module does not call the fleet's rate-limit service yet: \
+             every fleet limit is decided by fleet.on_error, as if the service could not be \
+             reached (use the wasm module for fleet budgets)"
+        );
+    }
     let stats = Stats::define(cfg, &gov.cfg);
     let workers = abi::concurrency().max(1) as usize;
     let slots = (0..workers)
@@ -160,7 +168,10 @@ impl Filter {
 
     /// The stream is over (complete, reset or cancelled), before the access log is written.
     fn complete(&mut self, s: Stream) {
-        self.with_worker(s, |w, id, lent| w.on_end(id, lent));
+        self.with_worker(s, |w, id, lent| {
+            w.on_end(id, lent);
+            settle_owed(w, lent);
+        });
     }
 
     /// The timer thread's event: the worker's tick, each due stream's reaction applied to it.
@@ -300,11 +311,20 @@ impl Drop for Filter {
                 io: &mut adapters::NoStream,
             };
             worker.on_end(id, &mut lent);
+            settle_owed(worker, &mut lent);
         }
         if self.paused {
             self.module.timer.remove_waker(self.slot, id);
             self.arm();
         }
+    }
+}
+
+/// The fleet's commits owed at streams' ends (sent by the proxy-wasm host from its root): with
+/// no fleet calls here they are counted as failed (`fleet_errors`), so nothing piles up.
+fn settle_owed(w: &mut Worker, lent: &mut Lent) {
+    for call in w.take_owed() {
+        w.on_service_answer(None, call.seq, ServiceReply::Failed(0), lent);
     }
 }
 
@@ -350,6 +370,9 @@ fn effect_call(t: Stream, effect: Effect) -> Option<Failure> {
             t.continue_encoding();
             true
         }
+        // No fleet calls here yet (README): the call is reported as not sent, so the
+        // configured `fleet.on_error` decides, as for a service that cannot be reached.
+        Effect::CallService(_) => return failure,
     };
     if done {
         return None;
