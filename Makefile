@@ -7,10 +7,11 @@ SHELL := /bin/bash
 WASM_MODULE := target/wasm32-wasip1/release/llm_governor.wasm
 SIM_BIN     := target/release/llm-sim
 
-.PHONY: help build sim rls envoy venv test run lint validate bench storm soak fuzz image publish
+.PHONY: help build build-native sim rls envoy venv test run lint validate bench storm soak fuzz image publish
 
 help:
 	@echo "make build     build the wasm module ($(WASM_MODULE)) and print its size"
+	@echo "make build-native  build the Envoy dynamic module (target/release/libllm_governor.so)"
 	@echo "make run       provider simulator + Envoy with the module on http://127.0.0.1:10000"
 	@echo "make test      native tests and end-to-end tests against a real Envoy (PYTEST_ARGS=\"-k quota\" to select)"
 	@echo "make lint      rustfmt check and clippy (host and wasm32, -D warnings)"
@@ -26,6 +27,9 @@ help:
 build:
 	@scripts/build.sh
 
+build-native:
+	@scripts/build-native.sh
+
 sim:
 	@cargo build --release -p llm-sim
 
@@ -38,7 +42,7 @@ envoy:
 venv:
 	@scripts/ensure-venv.sh
 
-test: build sim rls envoy venv
+test: build build-native sim rls envoy venv
 	@scripts/test.sh $(PYTEST_ARGS)
 
 run: build sim envoy
@@ -51,7 +55,7 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p llm-governor --target wasm32-wasip1 -- -D warnings
 
-validate: build envoy
+validate: build build-native envoy
 	@scripts/validate.sh
 
 storm:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: llm-governor's overhead against bare Envoy, Envoy's native local_ratelimit, an
-empty proxy-wasm module and LiteLLM's proxy, plus shared-data contention.
+empty proxy-wasm module, an empty dynamic module and LiteLLM's proxy, for both artifacts (the
+wasm module and the native dynamic module), plus shared-data contention.
 
 Everything runs on 127.0.0.1 on free ports. A second Envoy with `direct_response` plays an
 OpenAI-like upstream. Configurations are alternated A B C ... A B C ... in one run, each slot on
@@ -8,8 +9,9 @@ a freshly started Envoy, so drift (thermal, noisy neighbours) lands on every con
 
 Run by bench/run.sh, which installs the tools, builds the modules and uses the test virtualenv
 (Envoy processes come from the e2e harness, which needs `requests`).
-Environment: ENVOY_BIN, WASM_MODULE, EMPTY_MODULE, LOADGEN, LITELLM (path to the litellm CLI or
-empty), BENCH_QUICK=1 (short runs for development), BENCH_OUT (output folder).
+Environment: ENVOY_BIN, WASM_MODULE, EMPTY_MODULE, NATIVE_MODULE, EMPTY_NATIVE, LOADGEN, LITELLM
+(path to the litellm CLI or empty), BENCH_QUICK=1 (short runs for development), BENCH_OUT (output
+folder), BENCH_CONFIGS (keys of the configurations to run, e.g. "a,n,o,p,q"; default all).
 """
 
 import concurrent.futures
@@ -30,6 +32,8 @@ QUICK = os.environ.get("BENCH_QUICK") == "1"
 ENVOY = os.environ["ENVOY_BIN"]
 WASM = os.environ["WASM_MODULE"]
 EMPTY = os.environ["EMPTY_MODULE"]
+NATIVE = os.environ.get("NATIVE_MODULE", "")
+EMPTY_NATIVE = os.environ.get("EMPTY_NATIVE", "")
 LOADGEN = os.environ["LOADGEN"]
 LITELLM = os.environ.get("LITELLM", "")
 OUT = os.environ.get("BENCH_OUT", "bench/out")
@@ -52,7 +56,7 @@ PATH = "/v1/chat/completions"
 
 # Ports, Envoy processes, their stop and the wasm filter entry are the e2e harness's.
 sys.path.insert(0, os.path.join(HERE, "..", "integration", "e2e"))
-from harness import Envoy as HarnessEnvoy, free_port, wait_http_ok, wasm_filter  # noqa: E402
+from harness import Envoy as HarnessEnvoy, free_port, native_filter, wait_http_ok, wasm_filter  # noqa: E402
 
 
 def cpus(spec):
@@ -209,15 +213,34 @@ CONFIGS = [
     ("e", "llm-governor, one request limit", ONE_LIMIT),
     ("g", "llm-governor, hold + max_in_flight + fallback", FULL),
     ("f", "llm-governor, cooldown (local 429s)", "{}"),
+    ("n", "empty dynamic module (native)", "native-empty"),
+    ("o", "native llm-governor {}", ("native", "{}")),
+    ("p", "native llm-governor, one request limit", ("native", ONE_LIMIT)),
+    ("q", "native llm-governor, hold + max_in_flight + fallback", ("native", FULL)),
 ]
+if os.environ.get("BENCH_CONFIGS"):
+    _keep = set(os.environ["BENCH_CONFIGS"].split(","))
+    CONFIGS = [c for c in CONFIGS if c[0] in _keep]
 EMPTY_KEY = "c"
+CONFIGS_SPECS = [(k, spec) for k, _, spec in CONFIGS]
 # Issue 11's targets, CPU µs per request over the empty module (median over the rounds).
 TARGETS = {"d": 5.0, "e": 12.0, "g": 15.0}
+
+
+def native_module(path, config, name="llm_governor"):
+    """The dynamic-module filter loaded from an explicit file (`module.local.filename`)."""
+    f = native_filter(config, name=name)
+    f["typed_config"]["dynamic_module_config"]["module"] = {"local": {"filename": path}}
+    return f
 
 
 def filters_for(spec):
     if spec == "empty":
         return [wasm_filter("{}", EMPTY, name="empty_filter")]
+    if spec == "native-empty":
+        return [native_module(EMPTY_NATIVE, "{}", name="empty_native")]
+    if isinstance(spec, tuple):
+        return [native_module(NATIVE, spec[1])]
     if isinstance(spec, str):
         return [wasm_filter(spec, WASM)]
     return spec
@@ -401,7 +424,9 @@ def contention(upstream_port, results):
 # pushed past the run: they depend on wall time, which valgrind stretches.
 ENVOY_WARMUP = 300
 ENVOY_INSTR_N = 500 if QUICK else 1000
-ENVOY_INSTR_CONFIGS = ["a", "c", "d", "e", "g"]
+ENVOY_INSTR_CONFIGS = [k for k in ["a", "b", "c", "d", "e", "g", "n", "o", "p", "q"] if k in {c[0] for c in CONFIGS}]
+# Issue 23's targets: the native governor's instructions per request over bare Envoy's.
+NATIVE_TARGETS = {"o": 1.02, "p": 1.03, "q": 1.05}
 RAW_REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\nauthorization: " + ACCOUNT_KEY.encode() +
                b"\r\nx-tenant-id: tenant-1\r\ncontent-type: application/json\r\ncontent-length: 37\r\n\r\n"
                b'{"model":"gpt-4o-mini","messages":[]}')
@@ -671,14 +696,19 @@ def over_empty(sat):
     """Issue 11's measure: proxy CPU per request over the empty module. Rounds alternate the
     configurations, so each round's difference is taken against that round's empty module and
     the median of those differences is the figure; min–max show the spread."""
-    empty = [x["cpu_us_per_req"] for x in sat[EMPTY_KEY]]
-    lines = ["", f"CPU µs per request over the empty module ({len(empty)} alternated rounds; median, min–max):", "",
+    if EMPTY_KEY not in sat and "n" not in sat:
+        return []
+    wasm_empty = [x["cpu_us_per_req"] for x in sat.get(EMPTY_KEY, [])]
+    native_empty = [x["cpu_us_per_req"] for x in sat.get("n", [])]
+    lines = ["", "CPU µs per request over its empty module (the wasm one, or the dynamic module for native rows;"
+             " alternated rounds; median, min–max):", "",
              "| config | CPU µs/req, median (min–max) | over the empty module, median (min–max) | target |",
              "|---|---:|---:|---|"]
-    for key, label, _ in CONFIGS:
+    for key, label, spec in CONFIGS:
         cpu = [x["cpu_us_per_req"] for x in sat[key]]
         row = f"| ({key}) {label} | {statistics.median(cpu):.1f} ({min(cpu):.1f}–{max(cpu):.1f}) |"
-        if key in ("a", "b", EMPTY_KEY):
+        empty = native_empty if isinstance(spec, tuple) else wasm_empty
+        if key in ("a", "b", EMPTY_KEY, "n") or not empty:
             lines.append(row + " | |")
             continue
         diffs = [c - e for c, e in zip(cpu, empty)]
@@ -739,15 +769,22 @@ def report(results):
         lines.append(f"\n### Token estimator against tiktoken's o200k_base ({name})\n")
         lines.append(table)
     ei = results.get("envoy_instructions")
-    if isinstance(ei, dict) and ei.get("c"):
-        empty = statistics.mean(ei["c"])
+    if isinstance(ei, dict) and (ei.get("a") or ei.get("c")):
+        empty = statistics.mean(ei["c"]) if ei.get("c") else None
+        empty_native = statistics.mean(ei["n"]) if ei.get("n") else None
+        bare = statistics.mean(ei["a"]) if ei.get("a") else None
         lines.append("\n### Envoy's instructions per request (callgrind on the whole process, 1 worker; two runs)\n")
-        lines.append("| config | instructions / request (run 1, run 2) | over the empty module (mean) |")
-        lines.append("|---|---:|---:|")
+        lines.append("| config | instructions / request (run 1, run 2) | over its empty module (mean) | × bare Envoy |")
+        lines.append("|---|---:|---:|---:|")
         labels = {k: label for k, label, _ in CONFIGS}
         for key, runs in ei.items():
-            over = "" if key in ("a", "c") else f"{statistics.mean(runs) - empty:+,.0f}"
-            lines.append(f"| ({key}) {labels[key]} | {', '.join(f'{r:,.0f}' for r in runs)} | {over} |")
+            mean = statistics.mean(runs)
+            floor = empty_native if isinstance(dict(CONFIGS_SPECS).get(key), tuple) else empty
+            over = "" if key in ("a", "b", "c", "n") or floor is None else f"{mean - floor:+,.0f}"
+            ratio = f"{mean / bare:.3f}" if bare else ""
+            if key in NATIVE_TARGETS and bare:
+                ratio += f" (target ≤ {NATIVE_TARGETS[key]}: {'met' if mean / bare <= NATIVE_TARGETS[key] else 'NOT met'})"
+            lines.append(f"| ({key}) {labels[key]} | {', '.join(f'{r:,.0f}' for r in runs)} | {over} | {ratio} |")
     bc = results.get("body_cost")
     if bc:
         lines.append(f"\n### A {bc['kib']} KiB request body (1 worker; {bc['n']} sequential requests on one connection"

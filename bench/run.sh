@@ -26,10 +26,12 @@ if ((${#need_apt[@]})); then
 fi
 
 scripts/build.sh >&2
+CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}" scripts/build-native.sh >&2
 ENVOY_BIN="$(scripts/ensure-envoy.sh)"
 
 BENCH_TARGET="${BENCH_DIR}/.target"
 (cd "${BENCH_DIR}/empty-filter" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release --target "${WASM_TARGET}")
+(cd "${BENCH_DIR}/empty-native" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
 (cd "${BENCH_DIR}/loadgen" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
 (cd "${BENCH_DIR}/core-bench" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
 (cd "${BENCH_DIR}/estimate" && CARGO_TARGET_DIR="${BENCH_TARGET}" cargo build --quiet --release)
@@ -49,6 +51,8 @@ fi
 export ENVOY_BIN LITELLM
 export WASM_MODULE="${WASM_MODULE}"
 export EMPTY_MODULE="${BENCH_TARGET}/${WASM_TARGET}/release/empty_filter.wasm"
+export NATIVE_MODULE="${NATIVE_MODULE}"
+export EMPTY_NATIVE="${BENCH_TARGET}/release/libempty_native.so"
 export LOADGEN="${BENCH_TARGET}/release/bench-loadgen"
 export CORE_BENCH="${BENCH_TARGET}/release/core-bench"
 export ESTIMATE_ACCURACY="${BENCH_TARGET}/release/estimate-accuracy"

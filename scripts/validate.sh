@@ -6,11 +6,15 @@
 # A config with fleet limits is loaded with `--mode init_only` instead (its ports set to 0):
 # the filter refuses an unknown `fleet.cluster` at load by asking Envoy for the cluster, and
 # `--mode validate` builds no clusters to ask (every name reads as unknown there).
+# The dynamic module's config (envoy/native.yaml) finds target/release/libllm_governor.so by
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 envoy_bin="${ENVOY_BIN:-$("$(dirname "$0")/ensure-envoy.sh")}"
 [[ -f "${WASM_MODULE}" ]] || die "${WASM_MODULE} missing: run make build"
+[[ -f "${NATIVE_MODULE}" ]] || die "${NATIVE_MODULE} missing: run make build-native"
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$(dirname "${NATIVE_MODULE}")"
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "${tmp}"' EXIT

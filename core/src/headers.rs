@@ -1,11 +1,13 @@
 //! Read-only view over a header list as the host hands it over: lowercase names, raw bytes.
+//! Both hosts read headers through this one view (`Headers`), over their own representation.
 //!
-//! The host hands a header map over as one buffer in the proxy-wasm wire format; `WireHeaders`
-//! keeps that buffer and reads names and values in place, walking its length table: reading
-//! headers costs the one allocation the host makes per callback, not two per header. It also
-//! keeps a 64-bit summary of the names it holds (one bit per name, from its length and first
-//! and last bytes): most lookups are for a header the request does not carry, and the summary
-//! answers those with one test.
+//! The proxy-wasm host hands a header map over as one buffer in the proxy-wasm wire format;
+//! `WireHeaders` keeps that buffer and reads names and values in place, walking its length
+//! table: reading headers costs the one allocation the host makes per callback, not two per
+//! header. The dynamic-module host lends (name, value) slices into Envoy's own header map
+//! (`Headers::borrowed`), read in place with no copy at all. Both keep a 64-bit summary of the
+//! names they hold (one bit per name, from its length and first and last bytes): most lookups
+//! are for a header the request does not carry, and the summary answers those with one test.
 
 /// A header list. Values are untrusted bytes; names are compared case-insensitively.
 #[derive(Clone, Copy)]
@@ -13,10 +15,15 @@ pub struct Headers<'a> {
     repr: Repr<'a>,
 }
 
+/// A (name, value) pair a host lends.
+pub type Pair<'a> = (&'a [u8], &'a [u8]);
+
 #[derive(Clone, Copy)]
 enum Repr<'a> {
     Owned(&'a [(String, Vec<u8>)]),
     Wire(&'a WireHeaders),
+    /// Slices a host lends for the length of a callback, with the `name_bit` summary.
+    Borrowed(&'a [Pair<'a>], u64),
 }
 
 impl<'a> Headers<'a> {
@@ -32,23 +39,35 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// A view of (name, value) slices a host lends (the dynamic-module host: pointers into
+    /// Envoy's header map, valid for the callback). Names are Envoy's, lowercase.
+    pub fn borrowed(pairs: &'a [Pair<'a>]) -> Self {
+        let names = pairs.iter().fold(0, |bits, (n, _)| bits | name_bit(n));
+        Self {
+            repr: Repr::Borrowed(pairs, names),
+        }
+    }
+
     /// Every (name, value) pair, in order.
     pub fn pairs(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        let (owned, wire): (&'a [(String, Vec<u8>)], Option<&'a WireHeaders>) = match self.repr {
-            Repr::Owned(p) => (p, None),
-            Repr::Wire(w) => (&[], Some(w)),
+        let (owned, wire, borrowed): (&'a [(String, Vec<u8>)], _, &'a [Pair<'a>]) = match self.repr
+        {
+            Repr::Owned(p) => (p, None, &[]),
+            Repr::Wire(w) => (&[], Some(w), &[]),
+            Repr::Borrowed(b, _) => (&[], None, b),
         };
         owned
             .iter()
             .map(|(n, v)| (n.as_bytes(), v.as_slice()))
             .chain(wire.into_iter().flat_map(WireHeaders::pairs))
+            .chain(borrowed.iter().copied())
     }
 
     /// An owned copy, for a stream that keeps the headers past the callback that lent them.
     pub fn to_wire(&self) -> WireHeaders {
         match self.repr {
             Repr::Wire(w) => w.clone(),
-            Repr::Owned(_) => {
+            Repr::Owned(_) | Repr::Borrowed(..) => {
                 let pairs: Vec<(&[u8], &[u8])> = self.pairs().collect();
                 WireHeaders::parse(WireHeaders::encode(pairs)).unwrap_or_default()
             }
@@ -61,6 +80,7 @@ impl<'a> Headers<'a> {
         match self.repr {
             Repr::Owned(pairs) => pairs.iter().for_each(|(n, v)| f(n.as_bytes(), v)),
             Repr::Wire(w) => w.pairs().for_each(|(n, v)| f(n, v)),
+            Repr::Borrowed(pairs, _) => pairs.iter().for_each(|(n, v)| f(n, v)),
         }
     }
 
@@ -76,6 +96,11 @@ impl<'a> Headers<'a> {
                 .map(|(_, v)| v.as_slice()),
             Repr::Wire(w) if w.names & name_bit(name) == 0 => None,
             Repr::Wire(w) => w.pairs().find(|(n, _)| same_name(n, name)).map(|(_, v)| v),
+            Repr::Borrowed(_, names) if names & name_bit(name) == 0 => None,
+            Repr::Borrowed(pairs, _) => pairs
+                .iter()
+                .find(|(n, _)| same_name(n, name))
+                .map(|(_, v)| *v),
         }
     }
 
@@ -269,6 +294,12 @@ mod tests {
         assert_eq!(b.get("RETRY-AFTER"), Some(&b"3"[..]));
         assert_eq!(b.all("retry-after").count(), 2);
         assert_eq!(WireHeaders::parse(Vec::new()), Some(WireHeaders::default()));
+        let lent: Vec<(&[u8], &[u8])> = a.pairs().collect();
+        let c = Headers::borrowed(&lent);
+        assert_eq!(a.pairs().collect::<Vec<_>>(), c.pairs().collect::<Vec<_>>());
+        assert_eq!(c.get("RETRY-AFTER"), Some(&b"3"[..]));
+        assert_eq!(c.get("x-absent"), None);
+        assert_eq!(c.to_wire(), b.to_wire());
     }
 
     #[test]

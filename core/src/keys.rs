@@ -66,6 +66,29 @@ impl HashKey {
         own()
     }
 
+    /// The key of the ids for one Envoy, as every host finds it: the operator's `secret` (see
+    /// `choose`), else the key kept in the Envoy's shared `store`, else a `fresh()` one written
+    /// there first. The first configuration to run writes it (in proxy-wasm the main thread's
+    /// VM, before any worker's) and every later one reads it (two racing on a missing key could
+    /// each keep their own, which is why the first writer goes alone).
+    pub fn for_envoy(
+        store: &dyn crate::store::SharedStore,
+        secret: Option<&[u8]>,
+        fresh: impl FnOnce() -> HashKey,
+    ) -> HashKey {
+        let stored = || {
+            let (bytes, _) = store.get(KEY_OF_IDS).ok()??;
+            HashKey::from_bytes(&bytes)
+        };
+        HashKey::choose(secret, || {
+            stored().unwrap_or_else(|| {
+                let mine = fresh();
+                let _ = store.set(KEY_OF_IDS, &mine.to_bytes(), None);
+                stored().unwrap_or(mine)
+            })
+        })
+    }
+
     /// The key as 16 bytes, for a host that keeps one key for all its workers; `from_bytes`
     /// reads it back.
     pub fn to_bytes(&self) -> [u8; 16] {
@@ -216,6 +239,8 @@ pub fn overflow_bucket_key(limit: &str) -> String {
 /// separate budgets, each bounded by `max_keys`: tenant ids are whatever clients send, and a
 /// flood of them must not use up the room that cooldowns of real accounts need.
 pub const BUCKET_KEY_COUNT: &str = "k:b";
+/// Where an Envoy's own key of the ids is kept (shared data is never exported).
+pub const KEY_OF_IDS: &str = "k:h";
 pub const COOLDOWN_KEY_COUNT: &str = "k:c";
 
 #[cfg(test)]

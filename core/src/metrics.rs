@@ -189,6 +189,87 @@ pub fn stat_name(pool: &str, metric: &str) -> String {
     format!("llm_governor.pool.{pool}.{metric}")
 }
 
+/// A stat as a host with real labels defines it (the dynamic-module host): one family per kind
+/// of stat, labelled `pool` and, where the wasm name folds a second dimension into the name, by
+/// that too: `upstream_rate_limited` is `llm_governor.upstream{pool, class="rate_limited"}`,
+/// `local_reject_cooldown` is `llm_governor.local_reject{pool, reason="cooldown"}`,
+/// `exhausted_tokens` is `llm_governor.exhausted{pool, dimension="tokens"}`,
+/// `fleet_calls_ok` is `llm_governor.fleet_calls{pool, outcome="ok"}`; every other stat is
+/// `llm_governor.<stat>{pool}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// The family's name (`llm_governor.upstream`).
+    pub name: &'static str,
+    /// The label beside `pool`, with this stat's value of it.
+    pub label: Option<(&'static str, &'static str)>,
+}
+
+/// Families whose stats differ by a second label: (name prefix of the stats, family, label).
+const LABELLED: [(&str, &str, &str); 4] = [
+    ("upstream_", "llm_governor.upstream", "class"),
+    ("local_reject_", "llm_governor.local_reject", "reason"),
+    ("exhausted_", "llm_governor.exhausted", "dimension"),
+    ("fleet_calls_", "llm_governor.fleet_calls", "outcome"),
+];
+
+impl Family {
+    /// The family of the stat named `stat` (`Counter::name`, `Gauge::name`, `Histogram::name`).
+    pub fn of(stat: &'static str) -> Family {
+        for (prefix, name, label) in LABELLED {
+            if let Some(value) = stat.strip_prefix(prefix) {
+                return Family {
+                    name,
+                    label: Some((label, value)),
+                };
+            }
+        }
+        let name = FAMILIES
+            .iter()
+            .find(|(s, _)| *s == stat)
+            .map_or("llm_governor.unknown", |(_, f)| f);
+        Family { name, label: None }
+    }
+}
+
+/// `llm_governor.<stat>` for every stat that is its own family (a `&'static str` each, as the
+/// host's define call keeps no copy it does not make itself).
+const FAMILIES: [(&str, &str); 25] = [
+    ("overflow_keys", "llm_governor.overflow_keys"),
+    ("preemptive_cooldown", "llm_governor.preemptive_cooldown"),
+    ("store_contention", "llm_governor.store_contention"),
+    ("body_unavailable", "llm_governor.body_unavailable"),
+    ("held", "llm_governor.held"),
+    ("hold_released", "llm_governor.hold_released"),
+    ("hold_expired", "llm_governor.hold_expired"),
+    ("failover", "llm_governor.failover"),
+    ("client_retries", "llm_governor.client_retries"),
+    (
+        "succeeded_after_retry",
+        "llm_governor.succeeded_after_retry",
+    ),
+    ("remaining_requests", "llm_governor.remaining_requests"),
+    ("remaining_tokens", "llm_governor.remaining_tokens"),
+    (
+        "remaining_input_tokens",
+        "llm_governor.remaining_input_tokens",
+    ),
+    (
+        "remaining_output_tokens",
+        "llm_governor.remaining_output_tokens",
+    ),
+    ("limit_requests", "llm_governor.limit_requests"),
+    ("limit_tokens", "llm_governor.limit_tokens"),
+    ("reset_requests_ms", "llm_governor.reset_requests_ms"),
+    ("reset_tokens_ms", "llm_governor.reset_tokens_ms"),
+    ("held_requests", "llm_governor.held_requests"),
+    ("in_flight", "llm_governor.in_flight"),
+    ("retry_after_ms", "llm_governor.retry_after_ms"),
+    ("hold_ms", "llm_governor.hold_ms"),
+    ("fleet_errors", "llm_governor.fleet_errors"),
+    ("fleet_fallback", "llm_governor.fleet_fallback"),
+    ("fleet_call_ms", "llm_governor.fleet_call_ms"),
+];
+
 /// Where stats go. `pool` is the index of the pool in the configuration.
 pub trait Metrics {
     fn count(&mut self, pool: usize, c: Counter);
@@ -220,7 +301,7 @@ impl<Id: Copy> Catalogue<Id> {
     /// `define(kind, pool name, stat name)` for every stat of every pool, in order.
     pub fn define<'p>(
         pools: impl IntoIterator<Item = &'p str>,
-        mut define: impl FnMut(Kind, &str, &str) -> Option<Id>,
+        mut define: impl FnMut(Kind, &str, &'static str) -> Option<Id>,
     ) -> Catalogue<Id> {
         let mut ids = Vec::new();
         for pool in pools {
@@ -392,5 +473,36 @@ mod tests {
             "refused by the host"
         );
         assert_eq!(cat.counter(2, Counter::Held), None, "no such pool");
+    }
+
+    #[test]
+    fn every_stat_has_a_family_and_labels_split_the_names_wasm_folds() {
+        let names = Counter::ALL
+            .iter()
+            .map(|c| c.name())
+            .chain(Gauge::ALL.iter().map(|g| g.name()))
+            .chain(Histogram::ALL.iter().map(|h| h.name()));
+        for name in names {
+            let f = Family::of(name);
+            assert_ne!(f.name, "llm_governor.unknown", "{name}");
+            let rebuilt = match f.label {
+                Some((_, value)) => {
+                    format!("{}_{value}", f.name.trim_start_matches("llm_governor."))
+                }
+                None => f.name.trim_start_matches("llm_governor.").to_string(),
+            };
+            assert_eq!(rebuilt, name);
+        }
+        assert_eq!(
+            Family::of("upstream_quota_exhausted"),
+            Family {
+                name: "llm_governor.upstream",
+                label: Some(("class", "quota_exhausted"))
+            }
+        );
+        assert_eq!(
+            Family::of("local_reject_limit").label,
+            Some(("reason", "limit"))
+        );
     }
 }

@@ -9,7 +9,12 @@ Reusable by every end-to-end test, benchmark and storm run:
 
 Only the standard library and `requests` are used, so anything that can import this module can
 drive it. Every process started here is stopped by `stop()` (also via `with`), and an Envoy
-whose log shows a `[critical]` wasm line fails on stop.
+whose log shows a `[critical]` wasm line (or a caught bug of the native module) fails on stop.
+
+One suite, two artifacts: LLM_GOVERNOR_ARTIFACT=wasm (default: the proxy-wasm module) or
+native (the Envoy dynamic module, target/release/libllm_governor.so). `governor_filter(...)`
+builds the filter entry of the artifact under test, and `Envoy.stat()` takes the wasm stat name
+(`llm_governor.pool.<pool>.<stat>`) and reads the native module's labelled stat for it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ WASM_MODULE = Path(
     os.environ.get("LLM_GOVERNOR_WASM") or REPO_ROOT / "target" / "wasm32-wasip1" / "release" / "llm_governor.wasm"
 )
 SIM_BINARY = REPO_ROOT / "target" / "release" / "llm-sim"
+# LLM_GOVERNOR_NATIVE likewise for the dynamic module.
+NATIVE_MODULE = Path(os.environ.get("LLM_GOVERNOR_NATIVE") or REPO_ROOT / "target" / "release" / "libllm_governor.so")
+
+# Which artifact the suite runs against: "wasm" or "native".
+ARTIFACT = os.environ.get("LLM_GOVERNOR_ARTIFACT", "wasm")
+if ARTIFACT not in ("wasm", "native"):
+    raise RuntimeError(f"LLM_GOVERNOR_ARTIFACT={ARTIFACT!r}: want wasm or native")
+NATIVE = ARTIFACT == "native"
+GOVERNOR_MODULE = NATIVE_MODULE if NATIVE else WASM_MODULE
 
 READY_TIMEOUT_S = 20.0
 STATS_TAGS = [{"tag_name": "llm_pool", "regex": r"^wasmcustom\.llm_governor\.pool\.((.+?)\.)"}]
@@ -224,6 +238,92 @@ def wasm_filter(
     }
 
 
+NO_STOP_ITERATION_OPTION = (
+    "a dynamic module has no allow_on_headers_stop_iteration: its StopIteration is real, so "
+    "bodies always reach a paused filter and the fallback this tests never happens"
+)
+PROMETHEUS_LABELS = "the native module's stats carry real labels (pool, class, ...) instead of tag regexes"
+
+
+def wasm_only(why: str):
+    """A pytest mark: this test is of the wasm artifact only, for the reason given."""
+    import pytest
+
+    return pytest.mark.skipif(NATIVE, reason=f"wasm only: {why}")
+
+
+def native_only(why: str):
+    """A pytest mark: this test is of the native artifact only, for the reason given."""
+    import pytest
+
+    return pytest.mark.skipif(not NATIVE, reason=f"native only: {why}")
+
+
+def native_filter(plugin_config: Union[dict, str], name: str = "llm_governor") -> dict:
+    """The dynamic-module filter entry exactly as the contract declares it: the module is found
+    by name in $ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the harness sets it for every Envoy)."""
+    value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
+    return {
+        "name": name,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"name": name, "do_not_close": True},
+            "filter_name": name,
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": value},
+        },
+    }
+
+
+def governor_filter(plugin_config: Union[dict, str], **wasm_args: Any) -> dict:
+    """The filter entry of the artifact under test (wasm_args: `wasm_filter`'s, which a dynamic
+    module has no equivalent of: it never rewrites a pause, and cannot fail open or closed)."""
+    if NATIVE:
+        return native_filter(plugin_config)
+    return wasm_filter(plugin_config, **wasm_args)
+
+
+# The native module's stats: families with labels (core/src/metrics.rs `Family`), under Envoy's
+# `dynamicmodulescustom.` namespace; /stats names them with their labels, in order, after the
+# family's name.
+_NATIVE_LABELLED = (("upstream_", "upstream", "class"), ("local_reject_", "local_reject", "reason"),
+                    ("exhausted_", "exhausted", "dimension"), ("fleet_calls_", "fleet_calls", "outcome"))
+
+
+def native_stat_name(pool: str, stat: str) -> str:
+    """The /stats name of the native module's stat for the wasm stat `llm_governor.pool.<pool>.<stat>`."""
+    for prefix, family, label in _NATIVE_LABELLED:
+        if stat.startswith(prefix):
+            value = stat[len(prefix):]
+            return f"dynamicmodulescustom.llm_governor.{family}.pool.{pool}.{label}.{value}"
+    return f"dynamicmodulescustom.llm_governor.{stat}.pool.{pool}"
+
+
+def prometheus_series(pool: str, stat: str, suffix: str = "", extra: str = "") -> str:
+    """The /stats/prometheus series of stat `stat` of `pool` for the artifact under test: wasm
+    `llm_governor_pool_<stat><suffix>{llm_pool="<pool>"<extra>}` (the shipped stats_tags regex);
+    native `envoy_dynamicmodulescustom_llm_governor_<family><suffix>{pool="<pool>"[,<label>="<v>"]<extra>}`
+    (real labels; Envoy keeps the envoy_ prefix and the namespace of a dynamic module's stats).
+    `suffix` is `_bucket`, `_count`, ...; `extra` more labels (`,le="2500"`)."""
+    if not NATIVE:
+        return f'llm_governor_pool_{stat}{suffix}{{llm_pool="{pool}"{extra}}}'
+    labels = f'pool="{pool}"'
+    family = stat
+    for prefix, fam, label in _NATIVE_LABELLED:
+        if stat.startswith(prefix):
+            family, labels = fam, labels + f',{label}="{stat[len(prefix):]}"'
+    return f"envoy_dynamicmodulescustom_llm_governor_{family}{suffix}{{{labels}{extra}}}"
+
+
+def wasm_stat_name(native: str) -> Optional[str]:
+    """The inverse of native_stat_name (None for a name that is not one of ours)."""
+    m = re.match(r"^dynamicmodulescustom\.llm_governor\.(\w+)\.pool\.([a-z0-9_-]+)(?:\.(\w+)\.(\w+))?$", native)
+    if not m:
+        return None
+    family, pool, _label, value = m.groups()
+    stat = f"{family}_{value}" if value else family
+    return f"llm_governor.pool.{pool}.{stat}"
+
+
 def envoy_bootstrap(
     upstream_port: int,
     http_filters: list,
@@ -339,7 +439,7 @@ def failover_bootstrap(
     `x-llm-governor-pool: <pool>` for each of backup_pools, with the backup's credential
     injected (as `x-api-key`) and the client's own credential headers removed, as
     envoy/failover.yaml does."""
-    boot = envoy_bootstrap(primary_port, [wasm_filter(plugin_config)])
+    boot = envoy_bootstrap(primary_port, [governor_filter(plugin_config)])
     clusters = boot["static_resources"]["clusters"]
     backup = copy.deepcopy(clusters[0])
     backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
@@ -434,7 +534,7 @@ class Envoy:
         upstream_port: int,
         concurrency: int = 2,
         allow_on_headers_stop_iteration: bool = True,
-        module: Union[str, Path] = WASM_MODULE,
+        module: Union[str, Path] = GOVERNOR_MODULE,
         envoy_bin: Optional[str] = None,
         log_level: str = "info",
         extra_args: Optional[list] = None,
@@ -459,7 +559,10 @@ class Envoy:
         self.extra_args = list(extra_args or [])
         self.prefix = list(prefix or [])
         self.stop_grace_s = stop_grace_s
-        self.env = env
+        self.env = dict(env or {})
+        if NATIVE:
+            # Where Envoy finds `llm_governor` (libllm_governor.so), as the contract loads it.
+            self.env.setdefault("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(self.module.parent))
         self.base_id = next(_base_ids)
         self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-envoy-"))
         self.config_path = self.workdir / ("envoy.yaml" if isinstance(bootstrap, str) else "envoy.json")
@@ -473,9 +576,12 @@ class Envoy:
         if bootstrap is None:
             filters = []
             if plugin_config is not None:
-                filters.append(
-                    wasm_filter(plugin_config, self.module, allow_on_headers_stop_iteration, failure_policy)
-                )
+                if NATIVE:
+                    filters.append(native_filter(plugin_config))
+                else:
+                    filters.append(
+                        wasm_filter(plugin_config, self.module, allow_on_headers_stop_iteration, failure_policy)
+                    )
             bootstrap = envoy_bootstrap(
                 upstream_port,
                 filters,
@@ -489,7 +595,7 @@ class Envoy:
 
     def _launch(self) -> None:
         if self.plugin_config is not None and not self.module.exists():
-            raise HarnessError(f"{self.module} missing: build it with `make build`")
+            raise HarnessError(f"{self.module} missing: build it with `make build` (native: `make build-native`)")
         text = self.bootstrap if isinstance(self.bootstrap, str) else json.dumps(self.bootstrap, indent=2)
         self.config_path.write_text(text)
         args = [
@@ -641,9 +747,28 @@ class Envoy:
         return out
 
     def stat(self, name: str, default: Any = 0) -> Any:
-        """One stat; a bare `llm_governor.*` name is looked up under `wasmcustom.`."""
-        full = name if name.startswith("wasmcustom.") or not name.startswith("llm_governor.") else "wasmcustom." + name
+        """One stat; a bare `llm_governor.pool.<pool>.<stat>` name is looked up under
+        `wasmcustom.` (wasm), or as the native module's labelled stat for it (native)."""
+        full = name
+        if name.startswith("llm_governor.pool."):
+            if NATIVE:
+                pool, stat = name[len("llm_governor.pool."):].split(".", 1)
+                full = native_stat_name(pool, stat)
+            else:
+                full = "wasmcustom." + name
         return self.stats(filter_regex="^" + re.escape(full) + "$").get(full, default)
+
+    def governor_stats(self) -> dict:
+        """Every llm-governor stat by its wasm name (`wasmcustom.llm_governor.pool.<pool>.<stat>`),
+        whichever artifact runs: for native, each labelled stat under the name it has in wasm."""
+        if not NATIVE:
+            return self.stats(filter_regex=r"^wasmcustom\.llm_governor\.")
+        out = {}
+        for name, value in self.stats(filter_regex=r"^dynamicmodulescustom\.llm_governor\.").items():
+            wasm = wasm_stat_name(name)
+            if wasm:
+                out["wasmcustom." + wasm] = value
+        return out
 
     def prometheus(self) -> str:
         return requests.get(self.admin_url + "/stats/prometheus", timeout=5).text
@@ -665,10 +790,11 @@ class Envoy:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def critical_wasm_lines(self) -> list:
+        """Critical wasm lines, and any bug the native module's hooks caught."""
         return [
             line
             for line in self.log().splitlines()
-            if "[critical]" in line and "wasm" in line.lower()
+            if ("[critical]" in line and "wasm" in line.lower()) or "llm_governor: a bug in" in line
         ]
 
     def rss_bytes(self) -> int:

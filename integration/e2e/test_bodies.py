@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from harness import RawUpstream, envoy_bootstrap, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, governor_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CONFIG = {"pools": POOLS, "cooldown": {"enabled": False}}
@@ -79,7 +79,7 @@ def post(port: int, path: str):
 
 def test_classification_reads_the_first_16_kib_of_an_error_body_and_passes_all_of_it(envoy_factory):
     with _BigErrorUpstream() as upstream:
-        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(CONFIG)]), concurrency=1)
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter(CONFIG)]), concurrency=1)
         for marker_end, total, klass in [
             (200, 40_000, "quota_exhausted"),          # a normal quota body, padded past the cap
             (CAP, 40_000, "quota_exhausted"),          # the marker's last byte is the cap's last
@@ -187,7 +187,7 @@ def test_one_slow_error_body_changes_how_no_other_accounts_answers_are_read(envo
     # 429 from status and headers for a minute: other accounts' prompt quota answers were then
     # told "rate_limited", and their clients retried a key whose quota was gone.
     with _SlowQuotaUpstream() as upstream:
-        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(CONFIG)]), concurrency=1)
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter(CONFIG)]), concurrency=1)
         status, headers, _, _ = post(envoy.port, "/v1/chat/completions")
         assert (status, headers.get("x-llm-governor-class")) == (429, "quota_exhausted"), headers
         slow = [threading.Thread(target=post, args=(envoy.port, "/v1/chat/slow")) for _ in range(2)]

@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 from conftest import _register, _release
-from harness import REPO_ROOT, WASM_MODULE, Envoy
+from harness import REPO_ROOT, WASM_MODULE, Envoy, wasm_only
 
 SHIPPED_CONFIG = REPO_ROOT / "envoy" / "envoy.yaml"
 
@@ -44,6 +44,7 @@ def secret(name: str) -> str:
     return f"sk-{name}-SECRET{uuid.uuid4().hex}"
 
 
+@wasm_only("runs envoy/envoy.yaml, which loads the wasm module (with the wasm log at debug)")
 def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who_answered(sim):
     keys = {name: secret(name) for name in ("openai", "held", "anthropic", "azure", "gemini", "query", "plain")}
     # The secret the ids are keyed with, handed to the VM through the shipped config's

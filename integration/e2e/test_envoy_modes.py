@@ -32,7 +32,7 @@ from typing import Optional
 import pytest
 import requests
 
-from harness import Envoy, envoy_bootstrap, wasm_filter
+from harness import NATIVE, Envoy, wasm_only, envoy_bootstrap, native_filter, wasm_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
@@ -386,6 +386,10 @@ class LdsGateway:
         self._write(self._listener(plugin_config, **filter_args))
 
     def _listener(self, plugin_config, vm_configuration: Optional[str] = None, **filter_args) -> dict:
+        if NATIVE:
+            # A dynamic module has no VM (and no failure policy): the filter, as configured.
+            bootstrap = envoy_bootstrap(self.upstream_port, [native_filter(plugin_config)], listener_port=self.listener_port)
+            return bootstrap["static_resources"]["listeners"][0]
         wasm = wasm_filter(plugin_config, **filter_args)
         if vm_configuration is not None:
             wasm["typed_config"]["config"]["vm_config"]["configuration"] = {
@@ -521,6 +525,7 @@ def vms_created(envoy) -> int:
     return envoy_stat(envoy, "wasm.envoy.wasm.runtime.v8.created")
 
 
+@wasm_only("a dynamic module has no VM to replace (and no failure_policy); its state is process memory")
 def test_a_new_vm_with_the_same_vm_id_keeps_cooldowns_and_buckets(lds, sim):
     """What FAIL_RELOAD does after a crash, forced without one: a changed
     `vm_config.configuration` makes Envoy start new VMs; shared data is keyed by vm_id."""

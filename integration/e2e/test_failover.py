@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from harness import Simulator, envoy_bootstrap, failover_bootstrap, wasm_filter
+from harness import Simulator, envoy_bootstrap, failover_bootstrap, governor_filter
 
 BACKUP_KEY = "sk-backup-injected"
 POOLS = [
@@ -150,7 +150,7 @@ def test_a_client_cannot_pick_the_fallback_pool_or_its_credential(gateway, sim, 
 def test_a_fallback_whose_cluster_is_missing_gets_envoys_503(envoy_factory, simulator, sim):
     # A route to a cluster Envoy does not know (a static config refuses that at load unless
     # validate_clusters is off; a dynamic one may lose the cluster): Envoy answers 503 itself.
-    boot = envoy_bootstrap(simulator.port, [wasm_filter(CONFIG)])
+    boot = envoy_bootstrap(simulator.port, [governor_filter(CONFIG)])
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["route_config"]["validate_clusters"] = False
     hcm["route_config"]["virtual_hosts"][0]["routes"].insert(0, {

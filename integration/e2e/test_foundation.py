@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from conftest import module_envoy
+from harness import NATIVE, NO_STOP_ITERATION_OPTION, PROMETHEUS_LABELS, native_only, wasm_only
 
 JITTER = 0.2
 MAX_MS = 60_000
@@ -211,6 +212,7 @@ def test_error_body_passes_through_byte_for_byte(governor, sim, dialect, scenari
         assert through_envoy.headers.get("content-type") == direct.headers["content-type"]
 
 
+@wasm_only(PROMETHEUS_LABELS)
 def test_counters_are_tagged_by_pool_in_prometheus(governor, sim):
     key = new_key()
     sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 1, "keys": [key]})
@@ -218,6 +220,20 @@ def test_counters_are_tagged_by_pool_in_prometheus(governor, sim):
 
     text = governor.prometheus()
     assert re.search(r'^llm_governor_pool_upstream_rate_limited\{llm_pool="openai"\} [1-9]\d*$', text, re.M), (
+        "\n".join(line for line in text.splitlines() if "llm_governor" in line) or "no llm_governor metrics"
+    )
+
+
+@native_only(PROMETHEUS_LABELS)
+def test_counters_carry_pool_and_class_labels_in_prometheus_native(governor, sim):
+    """The native module's stats are families with real labels, no stats_tags needed."""
+    key = new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 1, "keys": [key]})
+    assert send(governor.url, "openai", key).status_code == 429
+
+    text = governor.prometheus()
+    pattern = r'^envoy_dynamicmodulescustom_llm_governor_upstream\{pool="openai",class="rate_limited"\} [1-9]\d*$'
+    assert re.search(pattern, text, re.M), (
         "\n".join(line for line in text.splitlines() if "llm_governor" in line) or "no llm_governor metrics"
     )
 
@@ -488,6 +504,7 @@ def governor_without_stop_iteration(simulator):
     yield from module_envoy(NO_COOLDOWN, allow_on_headers_stop_iteration=False)(simulator)
 
 
+@wasm_only(NO_STOP_ITERATION_OPTION)
 @pytest.mark.parametrize(
     "dialect,scenario,status,provider_ms",
     [
@@ -524,6 +541,7 @@ def test_without_stop_iteration_never_hangs(governor_without_stop_iteration, sim
         assert_delay_within(delay_ms(r), provider_ms)
 
 
+@wasm_only(NO_STOP_ITERATION_OPTION)
 def test_without_stop_iteration_the_log_says_so(governor_without_stop_iteration, sim):
     envoy = governor_without_stop_iteration
     key = new_key()
@@ -537,6 +555,7 @@ def test_without_stop_iteration_the_log_says_so(governor_without_stop_iteration,
     assert len(lines) <= envoy.concurrency + 1, "\n".join(lines)
 
 
+@wasm_only(NO_STOP_ITERATION_OPTION)
 def test_without_stop_iteration_the_worker_stops_holding_for_a_minute_and_counts_it(envoy_factory, sim):
     """README: after 1 s without a body the filter classifies by status and headers alone,
     logs once, counts body_unavailable, and stops holding responses on that worker for a

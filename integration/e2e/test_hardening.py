@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 
-from harness import RawUpstream, envoy_bootstrap, free_port, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, free_port, governor_filter
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CHAT_BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a prompt of some length"}]}
@@ -31,7 +31,7 @@ def post(envoy, key: str):
 def test_envoys_own_503_is_not_taken_for_the_providers_overload(envoy_factory):
     # Nothing listens on the upstream port: Envoy answers 503 itself (connection failure).
     dead = free_port()
-    envoy = envoy_factory(None, bootstrap=envoy_bootstrap(dead, [wasm_filter({"pools": POOLS})]))
+    envoy = envoy_factory(None, bootstrap=envoy_bootstrap(dead, [governor_filter({"pools": POOLS})]))
     for _ in range(3):
         status, headers = post(envoy, "sk-dead")
         assert status == 503, (status, headers)
@@ -122,7 +122,7 @@ def test_a_held_429_whose_stream_ends_late_is_classified_from_the_body_already_t
     """Issue 10, item 2: the 1 s body wait passes before the end of stream, but the whole quota
     body is buffered: it is classified quota_exhausted, and nothing switches to headers-only."""
     with _LateEndUpstream(late_s=2.0) as upstream:
-        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter({"pools": POOLS})]),
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter({"pools": POOLS})]),
                               concurrency=1)
         for _ in range(2):
             status, headers = post(envoy, "sk-late-" + uuid.uuid4().hex[:8])

@@ -19,7 +19,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import envoy_bootstrap, wasm_filter
+from harness import NATIVE, envoy_bootstrap, governor_filter
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -99,7 +99,11 @@ def test_a_60s_sdk_client_is_held_through_a_cooldown_and_succeeds_with_one_upstr
     # It reached the provider once the provider's 3 s had passed, within a tick or so; the held
     # time is that, less however long the client took to send it after the 429.
     gap_ms = upstream[1]["t_ms"] - upstream[0]["t_ms"]
-    assert 2_990 <= gap_ms <= 3_300, gap_ms  # the two clocks tick apart by a few ms
+    # The two clocks tick apart by a few ms (the gateway's is the wall clock, the simulator's
+    # monotonic). The wasm module polls every 20 ms, which lands it past the deadline; the native
+    # module's timer commits at the deadline itself, so the slew between the clocks (seen up to
+    # 26 ms in 3 s on a 2-vCPU VM) shows whole.
+    assert (2_960 if NATIVE else 2_990) <= gap_ms <= 3_300, gap_ms
     assert 0 < held_ms <= gap_ms, (held_ms, gap_ms)
     assert stat(governor, "held") == 1 and stat(governor, "hold_released") == 1
     assert wait_for(lambda: stat(governor, "held_requests") == 0)
@@ -327,7 +331,7 @@ def test_max_in_flight_is_exact_across_workers_and_callers_wait_instead_of_429(e
 
 def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factory, sim):
     # Route timeout 1 s against a 2 s provider: Envoy answers 504 itself.
-    bootstrap = envoy_bootstrap(simulator.port, [wasm_filter(cap_config(2, max_ms=0))], route_timeout="1s")
+    bootstrap = envoy_bootstrap(simulator.port, [governor_filter(cap_config(2, max_ms=0))], route_timeout="1s")
     envoy = envoy_factory(None, bootstrap=bootstrap)
     key = new_key()
     sim.scenario({"mode": "ok", "latency_ms": 2_000})

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from conftest import _register, _release, module_envoy
-from harness import REPO_ROOT, WASM_MODULE, Envoy
+from harness import NATIVE, PROMETHEUS_LABELS, REPO_ROOT, WASM_MODULE, Envoy, prometheus_series, wasm_only
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -89,8 +89,9 @@ def call(envoy: Envoy, dialect: str, key: str, headers: dict = None) -> requests
 
 
 def stats(envoy: Envoy) -> dict:
-    """Every llm_governor counter and gauge by its /stats name."""
-    return {k: v for k, v in envoy.stats(filter_regex=r"^wasmcustom\.llm_governor\.").items() if not isinstance(v, dict)}
+    """Every llm_governor counter and gauge by its wasm /stats name (the native module's labelled
+    stats under the wasm name of each: `Envoy.governor_stats`)."""
+    return {k: v for k, v in envoy.governor_stats().items() if not isinstance(v, dict)}
 
 
 def stat_name(pool: str, metric: str) -> str:
@@ -212,36 +213,37 @@ def test_anthropic_dialect_gauges_are_the_reported_values(sim, governor):
         assert reported - 1000 <= value <= reported + 1000, (metric, value)
 
 
-def test_prometheus_shows_gauges_with_the_llm_pool_tag(sim, governor):
+def test_prometheus_shows_gauges_with_the_pool_label(sim, governor):
+    """wasm: the `llm_pool` tag the shipped stats_tags regex extracts; native: the `pool` label."""
     report_openai(sim, governor)
     report_anthropic(sim, governor)
     text = governor.prometheus()
     lines = set(text.splitlines())
-    expected = [
-        'llm_governor_pool_remaining_requests{llm_pool="anthropic"} 42',
-        'llm_governor_pool_limit_requests{llm_pool="anthropic"} 50',
-        'llm_governor_pool_remaining_tokens{llm_pool="anthropic"} 88000',
-        'llm_governor_pool_limit_tokens{llm_pool="anthropic"} 90000',
-        'llm_governor_pool_remaining_input_tokens{llm_pool="anthropic"} 69000',
-        'llm_governor_pool_remaining_output_tokens{llm_pool="anthropic"} 15000',
-        'llm_governor_pool_remaining_requests{llm_pool="openai"} 17',
-        'llm_governor_pool_limit_requests{llm_pool="openai"} 500',
-        'llm_governor_pool_remaining_tokens{llm_pool="openai"} 29000',
-        'llm_governor_pool_limit_tokens{llm_pool="openai"} 30000',
-        'llm_governor_pool_reset_requests_ms{llm_pool="openai"} 1500',
-        'llm_governor_pool_reset_tokens_ms{llm_pool="openai"} 6000',
-        "# TYPE llm_governor_pool_remaining_requests gauge",
-        "# TYPE llm_governor_pool_upstream_rate_limited counter",
-        "# TYPE llm_governor_pool_retry_after_ms histogram",
+    reported = [
+        ("anthropic", "remaining_requests", 42), ("anthropic", "limit_requests", 50),
+        ("anthropic", "remaining_tokens", 88000), ("anthropic", "limit_tokens", 90000),
+        ("anthropic", "remaining_input_tokens", 69000), ("anthropic", "remaining_output_tokens", 15000),
+        ("openai", "remaining_requests", 17), ("openai", "limit_requests", 500),
+        ("openai", "remaining_tokens", 29000), ("openai", "limit_tokens", 30000),
+        ("openai", "reset_requests_ms", 1500), ("openai", "reset_tokens_ms", 6000),
     ]
+    expected = [f"{prometheus_series(pool, metric)} {value}" for pool, metric, value in reported]
+    kinds = [("remaining_requests", "gauge"), ("upstream_rate_limited", "counter")]
+    if not NATIVE:  # native: a labelled histogram appears with its first sample
+        kinds.append(("retry_after_ms", "histogram"))
+    for metric, kind in kinds:
+        family = prometheus_series("x", metric).split("{", 1)[0]
+        expected.append(f"# TYPE {family} {kind}")
     missing = [line for line in expected if line not in lines]
     assert not missing, "missing from /stats/prometheus:\n" + "\n".join(missing)
-    reset = re.search(r'^llm_governor_pool_reset_requests_ms\{llm_pool="anthropic"\} (\d+)$', text, re.M)
+    series = re.escape(prometheus_series("anthropic", "reset_requests_ms"))
+    reset = re.search(rf"^{series} (\d+)$", text, re.M)
     assert reset and 2000 <= int(reset.group(1)) <= 4000, reset
-    # The contract: Envoy drops the wasmcustom namespace and the envoy_ prefix for custom stats.
-    governor_lines = [line for line in text.splitlines() if "llm_governor_pool" in line]
-    assert governor_lines
-    assert not [line for line in governor_lines if "wasmcustom" in line or "envoy_llm_governor" in line]
+    if not NATIVE:
+        # The contract: Envoy drops the wasmcustom namespace and the envoy_ prefix for custom stats.
+        governor_lines = [line for line in text.splitlines() if "llm_governor_pool" in line]
+        assert governor_lines
+        assert not [line for line in governor_lines if "wasmcustom" in line or "envoy_llm_governor" in line]
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,11 +253,12 @@ def test_prometheus_shows_gauges_with_the_llm_pool_tag(sim, governor):
 def histogram_samples(envoy: Envoy, pool: str) -> dict:
     samples = prometheus_samples(envoy)
     out = {}
+    bucket = re.escape(prometheus_series(pool, "retry_after_ms", "_bucket", ',le="LE"')).replace("LE", '([^"]+)')
     for series, value in samples.items():
-        m = re.fullmatch(r'llm_governor_pool_retry_after_ms_bucket\{llm_pool="%s",le="([^"]+)"\}' % pool, series)
+        m = re.fullmatch(bucket, series)
         if m:
             out[m.group(1)] = int(value)
-    out["count"] = int(samples.get(f'llm_governor_pool_retry_after_ms_count{{llm_pool="{pool}"}}', "0"))
+    out["count"] = int(samples.get(prometheus_series(pool, "retry_after_ms", "_count"), "0"))
     return out
 
 
@@ -283,7 +286,8 @@ def test_upstream_429_counts_and_lands_in_the_retry_after_histogram(sim, governo
     assert hist["count"] - before_hist["count"] == 1, hist
     assert hist["2500"] - before_hist.get("2500", 0) == 1, hist
     assert hist["1000"] - before_hist.get("1000", 0) == 0, hist
-    assert f'llm_governor_pool_retry_after_ms_bucket{{llm_pool="histo",le="2500"}} {hist["2500"]}' in governor.prometheus()
+    bucket = prometheus_series("histo", "retry_after_ms", "_bucket", ',le="2500"')
+    assert f'{bucket} {hist["2500"]}' in governor.prometheus()
 
 
 def test_counters_for_each_class_and_local_answer(sim, governor):
@@ -320,7 +324,7 @@ def test_counters_for_each_class_and_local_answer(sim, governor):
     samples = prometheus_samples(governor)
     for name in counters:
         pool, metric = name.split(".")[3:5]
-        series = f'llm_governor_pool_{metric}{{llm_pool="{pool}"}}'
+        series = prometheus_series(pool, metric)
         assert samples.get(series) == str(after[name]), (series, samples.get(series), after[name])
 
 
@@ -493,6 +497,7 @@ def shipped_config_text(sim_port: int, access_log: Path) -> str:
     return text
 
 
+@wasm_only("envoy/envoy.yaml loads the wasm module (envoy/native.yaml is the dynamic module's, in test_shipped_configs)")
 def test_shipped_config_logs_the_governor_fields(sim):
     # Not via envoy_factory: the YAML must name the access-log file in this Envoy's workdir.
     envoy = Envoy(CONFIG, upstream_port=sim.port, concurrency=1, bootstrap="")
@@ -561,7 +566,7 @@ def test_two_workers_share_pacing_and_gauges_converge(sim, envoy_factory):
         assert call(envoy, "anthropic", new_key("sk-ant-obs"), tenant()).status_code == 200
     s = stats(envoy)
     assert {m: stat(s, "anthropic", m) for m in ANTHROPIC_GAUGES} == ANTHROPIC_GAUGES
-    assert 'llm_governor_pool_remaining_requests{llm_pool="anthropic"} 42' in envoy.prometheus().splitlines()
+    assert f'{prometheus_series("anthropic", "remaining_requests")} 42' in envoy.prometheus().splitlines()
 
     # A cooldown written by one worker paces calls on every worker (new connection each).
     key = new_key()
@@ -598,6 +603,7 @@ def exported_names(envoy: Envoy) -> set:
     return names
 
 
+@wasm_only(PROMETHEUS_LABELS + "; the shipped alerts are written against the wasm series")
 def test_alert_rules_use_series_envoy_exports(sim, governor):
     # Envoy creates per-response-class cluster stats on first use.
     assert call(governor, "openai", new_key()).status_code == 200
@@ -629,25 +635,36 @@ def test_every_documented_stat_exists_at_zero_from_configuration(envoy_factory):
     # every configured pool and for `default`, so rate() and increase() work from the first
     # event. Nothing is exported that the docs do not describe.
     envoy = envoy_factory({"pools": POOLS}, concurrency=2)
+    if NATIVE:
+        # Native: Envoy makes a labelled stat on its first write, which only a stream can do;
+        # the module writes every counter and gauge at 0 on its first stream (histograms get
+        # no sample, so they appear with the first one). One request to an unmatched path.
+        requests.get(envoy.url + "/health", timeout=5)
     documented = documented_stats()
     assert len(documented) >= 30, documented
-    snapshot = envoy.stats(filter_regex=r"^wasmcustom\.llm_governor\.")
+    snapshot = envoy.governor_stats()
     prometheus = set(envoy.prometheus().splitlines())
     for pool in ("openai", "anthropic", "default"):
         exported = {name.split(".", 4)[4] for name in snapshot if name.startswith(f"wasmcustom.llm_governor.pool.{pool}.")}
-        assert exported == set(documented), (
+        expected = {m for m, kind in documented.items() if not (NATIVE and kind == "histogram")}
+        assert exported == expected, (
             f"pool {pool}: exported but undocumented {sorted(exported - set(documented))}, "
-            f"documented but missing {sorted(set(documented) - exported)}"
+            f"documented but missing {sorted(expected - exported)}"
         )
         for metric, kind in documented.items():
             if kind == "histogram":
-                assert f'llm_governor_pool_{metric}_count{{llm_pool="{pool}"}} 0' in prometheus, (pool, metric)
+                if NATIVE:
+                    continue  # no series before the first sample (see above)
+                assert f'{prometheus_series(pool, metric, "_count")} 0' in prometheus, (pool, metric)
             else:
                 assert snapshot[stat_name(pool, metric)] == 0, (pool, metric, snapshot[stat_name(pool, metric)])
-                assert f'llm_governor_pool_{metric}{{llm_pool="{pool}"}} 0' in prometheus, (pool, metric)
+                assert f'{prometheus_series(pool, metric)} 0' in prometheus, (pool, metric)
 
 
 def test_docs_describe_every_stat(governor):
+    if NATIVE:
+        # Native: the labelled stats exist from the module's first stream on.
+        call(governor, "openai", new_key())
     doc = DOCS.read_text()
     metrics = sorted({name.split(".")[-1] for name in stats(governor) if ".pool.openai." in name} | {"retry_after_ms"})
     assert len(metrics) >= 23, metrics

@@ -17,7 +17,8 @@ import openai
 import pytest
 import requests
 
-from harness import RawUpstream, envoy_bootstrap, wasm_filter
+from harness import NO_STOP_ITERATION_OPTION, wasm_only
+from harness import RawUpstream, envoy_bootstrap, governor_filter
 
 BURST = 3000
 CONFIG = {
@@ -172,6 +173,7 @@ def test_a_reservation_that_does_not_fit_is_held_until_the_refill_covers_it(envo
     assert int(envoy.stat("llm_governor.pool.openai.local_reject_limit") or 0) == 0
 
 
+@wasm_only(NO_STOP_ITERATION_OPTION)
 def test_without_stop_iteration_a_reserving_limit_costs_one_second_a_minute_not_every_request(envoy_factory, sim):
     """Without allow_on_headers_stop_iteration Envoy delivers no body to a paused filter: the
     first request waits BODY_WAIT_MS (1 s) for it, then the worker stops reading bodies for a
@@ -281,7 +283,7 @@ def test_bodies_pass_byte_for_byte_whatever_they_are(envoy_factory):
         "bad max_tokens": (b'{"max_tokens":"200","messages":[{"role":"user","content":"hi"}],"n":-1}', {}),
     }
     with _EchoUpstream() as up:
-        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(up.port, [wasm_filter(cfg)]))
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(up.port, [governor_filter(cfg)]))
         url = envoy.url + "/v1/chat/completions"
         for name, (body, headers) in bodies.items():
             r = requests.post(url, data=body, headers={"content-type": "application/json", **headers}, timeout=10)

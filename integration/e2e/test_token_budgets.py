@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import RawUpstream, envoy_bootstrap, wasm_filter
+from harness import RawUpstream, envoy_bootstrap, governor_filter
 
 TPM = {
     "pools": [
@@ -185,7 +185,7 @@ def test_usage_is_charged_when_the_client_resets_the_stream(envoy_factory, sim):
 
 def test_usage_is_charged_when_the_route_times_out_mid_stream(simulator, envoy_factory, sim):
     # Route timeout 1 s against a stream of ten events 300 ms apart: Envoy resets it.
-    bootstrap = envoy_bootstrap(simulator.port, [wasm_filter(TPM)], route_timeout="1s")
+    bootstrap = envoy_bootstrap(simulator.port, [governor_filter(TPM)], route_timeout="1s")
     envoy = envoy_factory(None, bootstrap=bootstrap)
     sim.scenario({"mode": "ok", "usage": CUT_USAGE, "stream_delay_ms": 300})
     tenant = "tpm-" + uuid.uuid4().hex[:8]
@@ -234,7 +234,7 @@ class _CutStreamUpstream(RawUpstream):
 
 def test_usage_is_charged_when_the_upstream_resets_mid_stream(envoy_factory):
     with _CutStreamUpstream() as upstream:
-        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [wasm_filter(TPM)]))
+        envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter(TPM)]))
         tenant = "tpm-" + uuid.uuid4().hex[:8]
         s = open_stream(envoy.port, tenant)
         read_until_closed(s)

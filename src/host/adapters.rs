@@ -83,27 +83,13 @@ pub fn seed() -> u64 {
     u64::from_le_bytes(seed)
 }
 
-/// The key of the ids: the operator's secret (the VM sees `LLM_GOVERNOR_HASH_KEY` when
-/// `vm_config.environment_variables.host_env_keys` names it), else one random key for this
-/// Envoy in shared data. The main thread's VM configures before any worker's, so it makes the
-/// key and the workers read it (two VMs racing on a missing key could each keep their own).
+/// The key of the ids (`HashKey::for_envoy` over Envoy shared data): the VM sees
+/// `LLM_GOVERNOR_HASH_KEY` when `vm_config.environment_variables.host_env_keys` names it.
 pub fn hash_key() -> HashKey {
     let secret = std::env::var(keys::SECRET_ENV).ok();
-    HashKey::choose(secret.as_deref().map(str::as_bytes), || {
-        stored_key().unwrap_or_else(|| {
-            let mine = HashKey::from_words(seed(), seed());
-            let _ = abi::set_shared(KEY_OF_IDS, &mine.to_bytes(), 0);
-            stored_key().unwrap_or(mine)
-        })
+    HashKey::for_envoy(&HostStore, secret.as_deref().map(str::as_bytes), || {
+        HashKey::from_words(seed(), seed())
     })
-}
-
-/// Where this Envoy's own key of the ids is kept (shared data is never exported).
-const KEY_OF_IDS: &str = "k:h";
-
-fn stored_key() -> Option<HashKey> {
-    let (bytes, _) = abi::get_shared(KEY_OF_IDS).ok()??;
-    HashKey::from_bytes(&bytes)
 }
 
 /// Routes the `log` crate to Envoy's log.

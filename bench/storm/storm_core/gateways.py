@@ -218,10 +218,11 @@ class EnvoyGateway(Gateway):
         """Counters so far (run.py reports what one storm added); the fallback pool's and
         cluster's prefixed `backup.`."""
         stats = self.envoy.stats()
+        governor = self.envoy.governor_stats()  # by wasm name, for either artifact
         out: dict = {}
         for pool, label in (("openai", ""), ("openai-backup", "backup.")):
             prefix = f"wasmcustom.llm_governor.pool.{pool}."
-            out.update({label + k[len(prefix):]: v for k, v in stats.items()
+            out.update({label + k[len(prefix):]: v for k, v in governor.items()
                         if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES)})
         out["upstream_rq_retry"] = stats.get("cluster.provider.upstream_rq_retry", 0)
         out["upstream_rq_total"] = stats.get("cluster.provider.upstream_rq_total", 0)

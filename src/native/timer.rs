@@ -1,0 +1,159 @@
+//! The module's timer thread: Envoy 1.40 gives an HTTP filter no timer, only a scheduler per
+//! stream (commit from any thread, run on the stream's worker). Each worker that waits for time
+//! says when (`arm`); at that moment the thread commits to the scheduler of one of the worker's
+//! paused streams, whose `scheduled` hook runs the worker's tick on its own thread and arms the
+//! next deadline. Until the worker re-arms, the thread commits again every `RETRY_MS`, so a
+//! commit lost with its stream (a client gone meanwhile) delays a tick by that much, never
+//! for ever.
+
+use super::abi::Scheduler;
+use super::adapters::now_ms;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How soon an armed deadline is committed again when the worker has not re-armed.
+const RETRY_MS: u64 = 20;
+
+/// No deadline.
+const NONE: u64 = u64::MAX;
+
+pub struct Timer {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// Per worker, the deadline armed now (`NONE`): read without the lock on every hook.
+    armed: Vec<AtomicU64>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct State {
+    stop: bool,
+    /// Per worker: its deadline and the schedulers of its paused streams (by stream id).
+    workers: Vec<WorkerTimer>,
+}
+
+#[derive(Default)]
+struct WorkerTimer {
+    due: Option<u64>,
+    wakers: Vec<(u32, Scheduler)>,
+}
+
+impl Timer {
+    /// The timer of `workers` workers, its thread started; None (logged) if it cannot start.
+    pub fn start(workers: usize) -> Option<Arc<Timer>> {
+        let timer = Arc::new(Timer {
+            state: Mutex::new(State {
+                stop: false,
+                workers: (0..workers).map(|_| WorkerTimer::default()).collect(),
+            }),
+            wake: Condvar::new(),
+            armed: (0..workers).map(|_| AtomicU64::new(NONE)).collect(),
+            thread: Mutex::new(None),
+        });
+        let runs = timer.clone();
+        let spawned = std::thread::Builder::new()
+            .name("llm_governor_timer".into())
+            .spawn(move || runs.run());
+        match spawned {
+            Ok(handle) => {
+                if let Ok(mut t) = timer.thread.lock() {
+                    *t = Some(handle);
+                }
+                Some(timer)
+            }
+            Err(e) => {
+                log::error!("llm_governor: could not start the timer thread: {e}");
+                None
+            }
+        }
+    }
+
+    /// Worker `w` next has something to do at `due` (None: nothing waits). Free when unchanged.
+    pub fn arm(&self, w: usize, due: Option<u64>) {
+        let Some(armed) = self.armed.get(w) else {
+            return;
+        };
+        let want = due.unwrap_or(NONE);
+        if armed.load(Ordering::Relaxed) == want {
+            return;
+        }
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        armed.store(want, Ordering::Relaxed);
+        if let Some(t) = state.workers.get_mut(w) {
+            t.due = due;
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    pub fn add_waker(&self, w: usize, id: u32, scheduler: Scheduler) {
+        if let Ok(mut state) = self.state.lock() {
+            if let Some(t) = state.workers.get_mut(w) {
+                t.wakers.push((id, scheduler));
+            }
+        }
+    }
+
+    /// Stream `id` is gone: its scheduler is deleted (under the lock, so never while the
+    /// thread commits to it).
+    pub fn remove_waker(&self, w: usize, id: u32) {
+        if let Ok(mut state) = self.state.lock() {
+            if let Some(t) = state.workers.get_mut(w) {
+                t.wakers.retain(|(i, _)| *i != id);
+            }
+        }
+    }
+
+    /// Stop the thread (the configuration is going away) and wait for it.
+    pub fn stop(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.stop = true;
+            state.workers.clear();
+        }
+        self.wake.notify_one();
+        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
+    fn run(&self) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        while !state.stop {
+            let now = now_ms();
+            let mut next = NONE;
+            for (w, t) in state.workers.iter_mut().enumerate() {
+                let Some(due) = t.due else { continue };
+                let due = if due <= now {
+                    // The newest paused stream is the likeliest to still be there.
+                    if let Some((_, scheduler)) = t.wakers.last() {
+                        scheduler.commit(w as u64);
+                    }
+                    let again = now + RETRY_MS;
+                    t.due = Some(again);
+                    if let Some(armed) = self.armed.get(w) {
+                        armed.store(again, Ordering::Relaxed);
+                    }
+                    again
+                } else {
+                    due
+                };
+                next = next.min(due);
+            }
+            let wait = match next {
+                NONE => Duration::from_secs(3600),
+                at => Duration::from_millis(at.saturating_sub(now).max(1)),
+            };
+            state = match self.wake.wait_timeout(state, wait) {
+                Ok((s, _)) => s,
+                Err(_) => return,
+            };
+        }
+    }
+}
