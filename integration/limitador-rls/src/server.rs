@@ -11,6 +11,7 @@ use limitador::reservation::ReservationLimits;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 use tonic::service::Routes;
 
 use crate::config::{Settings, StorageKind};
@@ -87,9 +88,18 @@ pub async fn start(settings: &Settings) -> Result<Running, String> {
     let server = tonic::transport::Server::builder()
         .accept_http1(true)
         .add_routes(routes(rls))
-        .serve_with_incoming(TcpListenerStream::new(listener));
+        .serve_with_incoming(TcpListenerStream::new(listener).map(no_delay));
     let server = tokio::spawn(async move { server.await.map_err(|e| e.to_string()) });
     Ok(Running { addr, server })
+}
+
+/// Answers go out at once (TCP_NODELAY), as a rate-limit service's must: with Nagle's
+/// algorithm on, a second answer on an HTTP/2 connection waits for the client's delayed ACK of
+/// the first (~40 ms on Linux), which shows as a 40 ms call whenever two calls overlap.
+fn no_delay(conn: std::io::Result<tokio::net::TcpStream>) -> std::io::Result<tokio::net::TcpStream> {
+    let conn = conn?;
+    conn.set_nodelay(true)?;
+    Ok(conn)
 }
 
 fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
