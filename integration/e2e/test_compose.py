@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from harness import REPO_ROOT, Envoy
+from harness import REPO_ROOT, Envoy, wasm_only
 
 COMPOSE = REPO_ROOT / "envoy" / "docker-compose.yaml"
 
@@ -81,6 +81,7 @@ def as_on_this_machine(text: str, sim_port: int) -> str:
     return text
 
 
+@wasm_only("the compose file runs the wasm module")
 def test_the_compose_command_and_config_run_under_the_wheels_envoy(sim):
     command = service()["command"]
     assert command[:3] == ["envoy", "--config-path", "/etc/envoy/envoy.yaml"], command

@@ -24,7 +24,11 @@ import time
 import pytest
 
 import dashboard_storm as storm
+from harness import PROMETHEUS_LABELS, wasm_only
 from servers import LocalPrometheus, require
+
+# The dashboard reads the wasm module's series (llm_pool from the stats tags).
+pytestmark = wasm_only(PROMETHEUS_LABELS)
 
 COUNTERS = {
     "upstream_rate_limited", "upstream_quota_exhausted", "upstream_overloaded", "local_reject_cooldown",

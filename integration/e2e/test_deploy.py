@@ -29,10 +29,13 @@ import pytest
 import yaml
 
 import crd_check
-from harness import REPO_ROOT, STATS_TAGS, WASM_MODULE, envoy_bootstrap, find_envoy, wasm_filter
+from harness import REPO_ROOT, STATS_TAGS, WASM_MODULE, envoy_bootstrap, find_envoy, wasm_filter, wasm_only
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import oci_image  # noqa: E402
+
+# The image and the manifests carry the wasm module: checked once, in the wasm pass.
+pytestmark = wasm_only("the image and the manifests carry the wasm module")
 
 DEPLOY = REPO_ROOT / "deploy"
 CRD_DIR = Path(os.environ.get("LLM_GOVERNOR_CRDS") or REPO_ROOT.parent / "shared" / "crds")

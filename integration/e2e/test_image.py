@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO_ROOT, WASM_MODULE
+from harness import REPO_ROOT, WASM_MODULE, wasm_only
 from servers import LocalRegistry, require
 from wasm_fetch import (
     OCI_INDEX, OCI_LAYER_TAR, OCI_MANIFEST, FetchError, Registry, fetch_module, sha256_digest,
@@ -32,6 +32,9 @@ from wasm_fetch import (
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import oci_image  # noqa: E402
+
+# The image and the manifests carry the wasm module: checked once, in the wasm pass.
+pytestmark = wasm_only("the image and the manifests carry the wasm module")
 
 IMAGE_SCRIPT = REPO_ROOT / "scripts" / "oci_image.py"
 PUBLISH_SCRIPT = REPO_ROOT / "scripts" / "publish.sh"
