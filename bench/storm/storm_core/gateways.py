@@ -80,6 +80,7 @@ CONFIG_NAMES = {
     "x-once": "3 Envoys, LB 60/30/10, local limits written once",
     "x-split": "3 Envoys, LB 60/30/10, local limits split three ways",
     "x-fleet": "3 Envoys, LB 60/30/10, fleet limits (Limitador-compatible service on Redis)",
+    "x-fleet-m": "3 Envoys, LB 60/30/10, fleet limits, the limits file's window 1 s longer than the provider's",
 }
 
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
@@ -104,12 +105,17 @@ FLEET_CONFIGS = {
     "x-fleet": {"pools": POOLS, "fleet": {"cluster": "llm_governor_ratelimit", "timeout_ms": 100},
                 "limits": fleet_limits("fleet")},
 }
-FLEET_LIMITS_FILE = "".join(
-    f"- namespace: llm_governor\n  name: {name}\n  max_value: {value}\n  seconds: {seconds}\n"
-    f"  conditions: [\"descriptors[0]['limit'] == '{name}'\"]\n  variables: [\"descriptors[0]['key']\"]\n"
-    for name, value, seconds in (("key-rpm", FLEET_RPM * FLEET_WINDOW_S // 60, FLEET_WINDOW_S),
-                                 ("key-tpm", FLEET_TPM, 60))
-)
+FLEET_CONFIGS["x-fleet-m"] = FLEET_CONFIGS["x-fleet"]
+
+
+def fleet_limits_file(margin_s: int = 0) -> str:
+    """The service's limits: the provider's numbers, the request window `margin_s` longer."""
+    return "".join(
+        f"- namespace: llm_governor\n  name: {name}\n  max_value: {value}\n  seconds: {seconds}\n"
+        f"  conditions: [\"descriptors[0]['limit'] == '{name}'\"]\n  variables: [\"descriptors[0]['key']\"]\n"
+        for name, value, seconds in (("key-rpm", FLEET_RPM * FLEET_WINDOW_S // 60, FLEET_WINDOW_S + margin_s),
+                                     ("key-tpm", FLEET_TPM, 60))
+    )
 
 
 class GatewayUnavailable(RuntimeError):
@@ -343,7 +349,7 @@ def litellm_version() -> str:
 
 
 class FleetGateway(Gateway):
-    """(x-once), (x-split), (x-fleet): three Envoys with llm-governor behind a fourth Envoy that
+    """(x-once), (x-split), (x-fleet), (x-fleet-m): three Envoys with llm-governor behind a fourth Envoy that
     balances 60/30/10 (weighted clusters); for (x-fleet) a Redis and two Limitador-compatible
     services on it (integration/limitador-rls), Envoys 1 and 3 asking one, Envoy 2 the other."""
 
@@ -353,7 +359,8 @@ class FleetGateway(Gateway):
         self.key = key
         self.sim = sim
         self.config = FLEET_CONFIGS[key]
-        self.redis = Redis() if key == "x-fleet" else None
+        self.redis = Redis() if key.startswith("x-fleet") else None
+        self.limits = fleet_limits_file(margin_s=1 if key == "x-fleet-m" else 0)
         self.services: list = []
         self.replicas: list = []
         self.lb: Optional[Envoy] = None
@@ -364,7 +371,7 @@ class FleetGateway(Gateway):
         try:
             if self.redis is not None:
                 self.redis.start()
-                self.services = [RlsService(self.redis, FLEET_LIMITS_FILE).start() for _ in range(2)]
+                self.services = [RlsService(self.redis, self.limits).start() for _ in range(2)]
                 ports = [self.services[i % 2].port for i in range(3)]
                 self.replicas = [fleet_envoy(self.config, self.sim.port, p, concurrency=1).start() for p in ports]
             else:
