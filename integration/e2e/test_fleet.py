@@ -106,9 +106,13 @@ def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
     replies = spread(fleet, tenant, key, 3 * RPM)
     ok = [r for r in replies if r.status_code == 200]
     refused = [r for r in replies if r.status_code == 429]
-    # The provider sees the fleet's budget, not three times it (nor a third of it).
-    assert len(sim.requests_for(key)) == RPM, [r.status_code for r in replies]
-    assert len(ok) == RPM and len(refused) == 2 * RPM
+    # The provider sees the fleet's budget, not three times it (nor a third of it). Limitador's
+    # Redis storage reads the counter, then increments it (its docs say so): checks that
+    # overlap can each pass before either counts, so the budget can be passed by one request
+    # per other concurrent check: here three clients, one per Envoy, so at most 2.
+    seen = len(sim.requests_for(key))
+    assert RPM <= seen <= RPM + 2, [r.status_code for r in replies]
+    assert len(ok) == seen and len(refused) == 3 * RPM - seen
     for r in refused:
         assert r.headers["x-llm-governor-source"] == "limit"
         assert r.headers["x-llm-governor-class"] == "rate_limited"
