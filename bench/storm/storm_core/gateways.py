@@ -81,6 +81,7 @@ CONFIG_NAMES = {
     "x-split": "3 Envoys, LB 60/30/10, local limits split three ways",
     "x-fleet": "3 Envoys, LB 60/30/10, fleet limits (Limitador-compatible service on Redis)",
     "x-fleet-m": "3 Envoys, LB 60/30/10, fleet limits, the limits file's window 1 s longer than the provider's",
+    "x-fleet-free": "3 Envoys, LB 60/30/10, fleet limits far above the provider's (only cooldowns act)",
 }
 
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
@@ -106,15 +107,17 @@ FLEET_CONFIGS = {
                 "limits": fleet_limits("fleet")},
 }
 FLEET_CONFIGS["x-fleet-m"] = FLEET_CONFIGS["x-fleet"]
+FLEET_CONFIGS["x-fleet-free"] = FLEET_CONFIGS["x-fleet"]
 
 
-def fleet_limits_file(margin_s: int = 0) -> str:
-    """The service's limits: the provider's numbers, the request window `margin_s` longer."""
+def fleet_limits_file(margin_s: int = 0, scale: int = 1) -> str:
+    """The service's limits: the provider's numbers (times `scale`), the request window
+    `margin_s` longer."""
     return "".join(
         f"- namespace: llm_governor\n  name: {name}\n  max_value: {value}\n  seconds: {seconds}\n"
         f"  conditions: [\"descriptors[0]['limit'] == '{name}'\"]\n  variables: [\"descriptors[0]['key']\"]\n"
-        for name, value, seconds in (("key-rpm", FLEET_RPM * FLEET_WINDOW_S // 60, FLEET_WINDOW_S + margin_s),
-                                     ("key-tpm", FLEET_TPM, 60))
+        for name, value, seconds in (("key-rpm", scale * FLEET_RPM * FLEET_WINDOW_S // 60, FLEET_WINDOW_S + margin_s),
+                                     ("key-tpm", scale * FLEET_TPM, 60))
     )
 
 
@@ -360,7 +363,8 @@ class FleetGateway(Gateway):
         self.sim = sim
         self.config = FLEET_CONFIGS[key]
         self.redis = Redis() if key.startswith("x-fleet") else None
-        self.limits = fleet_limits_file(margin_s=1 if key == "x-fleet-m" else 0)
+        self.limits = fleet_limits_file(margin_s=1 if key == "x-fleet-m" else 0,
+                                        scale=100 if key == "x-fleet-free" else 1)
         self.services: list = []
         self.replicas: list = []
         self.lb: Optional[Envoy] = None
