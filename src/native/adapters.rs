@@ -220,21 +220,6 @@ impl StreamIo for Io<'_> {
     }
 }
 
-/// No stream to read from (its filter object is gone).
-pub struct NoStream;
-
-impl StreamIo for NoStream {
-    fn request_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn response_body(&mut self, _: u32, _: usize) -> Vec<u8> {
-        Vec::new()
-    }
-    fn answered_by_upstream(&mut self, _: u32) -> bool {
-        true
-    }
-}
-
 /// Routes the `log` crate to Envoy's log (logger `dynamic_modules`).
 struct EnvoyLogger;
 

@@ -308,7 +308,8 @@ impl Drop for Filter {
                 store: adapters::store(),
                 metrics: &mut Discard,
                 clock: &adapters::now_ms,
-                io: &mut adapters::NoStream,
+                // No stream to read from (its filter object is gone): the core's empty buffers.
+                io: &mut llm_governor_core::effects::NoBodies,
             };
             worker.on_end(id, &mut lent);
             settle_owed(worker, &mut lent);
