@@ -108,10 +108,7 @@ impl std::fmt::Display for DecodeError {
 /// `DescriptorStatus{code = 1, current_limit = 2, limit_remaining = 3, duration_until_reset =
 /// 4}`. Limitador answers `statuses: []` and reports the reset only as the draft-03 headers
 /// `X-RateLimit-Reset` (seconds) and `X-RateLimit-Remaining` (with `--rate-limit-headers
-/// DRAFT_VERSION_03`): those are read when no status says. Limitador writes the reset in whole
-/// seconds rounded down (19.6 s left reads "19"), so a reset of R seconds is read as R + 1: a
-/// request that waits it is never back before the window opens (at most a second after),
-/// instead of asking again, refused, every tick of the last second. Other fields are skipped.
+/// DRAFT_VERSION_03`): those are read when no status says. Other fields are skipped.
 pub fn decode_response(bytes: &[u8]) -> Result<Answer, DecodeError> {
     let mut answer = Answer::default();
     let mut over: Option<u64> = None;
@@ -136,8 +133,7 @@ pub fn decode_response(bytes: &[u8]) -> Result<Answer, DecodeError> {
                 let (name, value) = decode_header(header)?;
                 let number = || std::str::from_utf8(value).ok()?.trim().parse::<u64>().ok();
                 if name.eq_ignore_ascii_case(b"x-ratelimit-reset") {
-                    headers_reset =
-                        number().map(|secs| secs.saturating_add(1).saturating_mul(1000));
+                    headers_reset = number().map(|secs| secs.saturating_mul(1000));
                 } else if name.eq_ignore_ascii_case(b"x-ratelimit-remaining") {
                     headers_remaining = number();
                 }
@@ -409,22 +405,7 @@ mod tests {
             "the reset of the descriptor over its limit"
         );
         assert_eq!(a.remaining, Some(0));
-        // Limitador answers without statuses: the reset only in its draft-03 header, in whole
-        // seconds rounded down: "0" is up to a second, never earlier than a second from now.
-        let mut r = Vec::new();
-        put_varint_field(&mut r, 1, 2);
-        put_msg(&mut r, 3, &entry("X-RateLimit-Reset", "0"));
-        put_msg(&mut r, 3, &entry("X-RateLimit-Remaining", "0"));
-        let a = decode_response(&r).unwrap();
-        assert_eq!((a.wait_ms, a.remaining), (Some(1_000), Some(0)));
-        assert_eq!(
-            decode_response(&[0x08, 2, 0x1a, 0x18, 0x0a, 0x11])
-                .map(|a| a.wait_ms)
-                .ok(),
-            None,
-            "a truncated header is an error"
-        );
-        // Without even the header: only the code.
+        // Limitador answers without statuses: only the code.
         assert_eq!(
             decode_response(&[0x08, 1]).unwrap(),
             Answer {
