@@ -120,7 +120,7 @@ def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
         assert 0 < int(r.headers["retry-after-ms"]) <= 72_000
         assert 'RateLimit-Policy' in r.headers or "ratelimit-policy" in {k.lower() for k in r.headers}
     # Every Envoy asked the fleet; the refusals are counted as fleet decisions.
-    assert fleet.stat("fleet_calls_over_limit") >= 2 * RPM
+    assert fleet.stat("fleet_calls_over_limit") >= 3 * RPM - seen
     assert fleet.stat("fleet_errors") == 0
 
 
