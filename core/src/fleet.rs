@@ -25,6 +25,11 @@ pub const ANSWER_SLACK_MS: u64 = 50;
 /// A key value longer than this goes to the service as its keyed id.
 const MAX_KEY_VALUE: usize = 256;
 
+/// The load-time refusal of a `fleet.cluster` Envoy lacks (both hosts ask Envoy at load).
+pub fn no_such_cluster(cluster: &str) -> String {
+    format!("invalid configuration: fleet.cluster: Envoy has no cluster {cluster:?}")
+}
+
 /// A method of the rate-limit services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -49,6 +54,92 @@ impl Method {
             Method::ShouldRateLimit => "ShouldRateLimit",
             Method::Reserve => "Reserve",
             Method::Commit => "Commit",
+        }
+    }
+}
+
+/// A unary gRPC call as a plain HTTP/2 request, for a host whose only way to the service is an
+/// HTTP callout (the native module): the request's headers and framed body, and what the
+/// answer (headers and body; Envoy's callout hands over no trailers) means.
+pub mod grpc {
+    use super::{Method, ServiceReply};
+
+    /// gRPC status codes the host reports when the call fails below gRPC.
+    pub const UNKNOWN: u32 = 2;
+    pub const RESOURCE_EXHAUSTED: u32 = 8;
+    pub const INTERNAL: u32 = 13;
+    pub const UNAVAILABLE: u32 = 14;
+
+    /// The health check a host may ask of a cluster (to learn that the cluster exists).
+    pub const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+    /// The path of `method`.
+    pub fn path(method: Method) -> String {
+        format!("/{}/{}", method.service(), method.name())
+    }
+
+    /// The request headers of a call on `path` sent to `authority` (the cluster's name).
+    pub fn request_headers(path: &str, authority: &str) -> [(&'static str, String); 5] {
+        [
+            (":method", "POST".to_string()),
+            (":path", path.to_string()),
+            ("host", authority.to_string()),
+            ("content-type", "application/grpc".to_string()),
+            ("te", "trailers".to_string()),
+        ]
+    }
+
+    /// `message` as one uncompressed gRPC frame.
+    pub fn frame(message: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + message.len());
+        out.push(0);
+        out.extend_from_slice(&(message.len().min(u32::MAX as usize) as u32).to_be_bytes());
+        out.extend_from_slice(message);
+        out
+    }
+
+    /// What an answer says: `:status`, `grpc-status` (present in the headers of a
+    /// trailers-only answer, which is how gRPC servers send errors) and the body. A status in
+    /// the trailers, which the callout drops, reads as OK when a whole message came, and as
+    /// UNKNOWN when none did.
+    pub fn reply<'a>(
+        status: Option<&[u8]>,
+        grpc_status: Option<&[u8]>,
+        body: &'a [u8],
+    ) -> ServiceReply<'a> {
+        if let Some(code) = grpc_status {
+            match std::str::from_utf8(code)
+                .ok()
+                .and_then(|c| c.trim().parse::<u32>().ok())
+            {
+                Some(0) => {}
+                Some(code) => return ServiceReply::Failed(code),
+                None => return ServiceReply::Failed(UNKNOWN),
+            }
+        }
+        if status != Some(b"200".as_slice()) {
+            return ServiceReply::Failed(from_http(status));
+        }
+        let Some((head, rest)) = body.split_first_chunk::<5>() else {
+            return ServiceReply::Failed(if body.is_empty() { UNKNOWN } else { INTERNAL });
+        };
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        match (head[0], rest.get(..len)) {
+            (0, Some(message)) => ServiceReply::Message(message),
+            // A compressed frame (never asked for) or a truncated one.
+            _ => ServiceReply::Failed(INTERNAL),
+        }
+    }
+
+    /// gRPC's mapping of an HTTP status that is not 200 to a gRPC code.
+    fn from_http(status: Option<&[u8]>) -> u32 {
+        match status {
+            Some(b"400") => INTERNAL,
+            Some(b"401") => 16,
+            Some(b"403") => 7,
+            Some(b"404") => 12,
+            Some(b"429" | b"502" | b"503" | b"504") => UNAVAILABLE,
+            _ => UNKNOWN,
         }
     }
 }

@@ -483,3 +483,80 @@ fn an_account_key_goes_to_the_service_as_its_label_or_keyed_id() {
         "the pool's label"
     );
 }
+
+// ---- gRPC over an HTTP callout (the native module's way to the service) ----
+
+use llm_governor_core::fleet::grpc;
+
+#[test]
+fn a_call_is_a_grpc_post_on_the_method_s_path_with_one_uncompressed_frame() {
+    let h = grpc::request_headers(&grpc::path(Method::Reserve), "limitador");
+    assert_eq!(h[0], (":method", "POST".to_string()));
+    assert_eq!(
+        h[1],
+        (
+            ":path",
+            "/kuadrant.service.ratelimit.v1.RateLimitService/Reserve".to_string()
+        )
+    );
+    assert!(h.contains(&("host", "limitador".to_string())));
+    assert!(h.contains(&("content-type", "application/grpc".to_string())));
+    assert_eq!(grpc::frame(b"abc"), vec![0, 0, 0, 0, 3, b'a', b'b', b'c']);
+    assert_eq!(grpc::frame(b""), vec![0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn an_answer_is_its_message_or_the_status_that_says_why_not() {
+    let ok = Some(b"200".as_slice());
+    let framed = grpc::frame(b"hello");
+    // A message after the headers (grpc-status 0 came in the trailers, which are not handed on).
+    assert_eq!(
+        grpc::reply(ok, None, &framed),
+        ServiceReply::Message(b"hello")
+    );
+    assert_eq!(
+        grpc::reply(ok, Some(b"0"), &framed),
+        ServiceReply::Message(b"hello")
+    );
+    // Trailers-only errors: the status is in the headers.
+    assert_eq!(grpc::reply(ok, Some(b"14"), &[]), ServiceReply::Failed(14));
+    assert_eq!(
+        grpc::reply(ok, Some(b"4"), &framed),
+        ServiceReply::Failed(4)
+    );
+    assert_eq!(
+        grpc::reply(ok, Some(b"x"), &framed),
+        ServiceReply::Failed(2)
+    );
+    // Not gRPC's answer at all: the HTTP status, mapped as gRPC maps it.
+    assert_eq!(
+        grpc::reply(Some(b"503"), None, &framed),
+        ServiceReply::Failed(14)
+    );
+    assert_eq!(
+        grpc::reply(Some(b"404"), None, &[]),
+        ServiceReply::Failed(12)
+    );
+    assert_eq!(grpc::reply(None, None, &framed), ServiceReply::Failed(2));
+    // No message, a truncated one, a compressed one.
+    assert_eq!(grpc::reply(ok, None, &[]), ServiceReply::Failed(2));
+    assert_eq!(
+        grpc::reply(ok, None, &framed[..7]),
+        ServiceReply::Failed(13)
+    );
+    assert_eq!(grpc::reply(ok, None, &[0, 0, 0]), ServiceReply::Failed(13));
+    let mut compressed = framed.clone();
+    compressed[0] = 1;
+    assert_eq!(grpc::reply(ok, None, &compressed), ServiceReply::Failed(13));
+    // A length beyond the body, and bytes after the frame (ignored: one message per call).
+    assert_eq!(
+        grpc::reply(ok, None, &[0, 255, 255, 255, 255, 1]),
+        ServiceReply::Failed(13)
+    );
+    let mut extra = framed.clone();
+    extra.extend_from_slice(b"junk");
+    assert_eq!(
+        grpc::reply(ok, None, &extra),
+        ServiceReply::Message(b"hello")
+    );
+}

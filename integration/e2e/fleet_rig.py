@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 
-from harness import REPO_ROOT, Envoy, HarnessError, envoy_bootstrap, free_port, terminate, wasm_filter
+from harness import REPO_ROOT, Envoy, HarnessError, envoy_bootstrap, free_port, governor_filter, terminate
 
 RLS_BINARY = REPO_ROOT / "integration" / "limitador-rls" / "target" / "release" / "limitador-rls"
 RLS_CLUSTER = "llm_governor_ratelimit"
@@ -152,7 +152,8 @@ def fleet_envoy(plugin_config: dict, upstream_port: int, rls_port: int, concurre
     """An Envoy whose llm-governor calls the rate-limit service on rls_port."""
     bootstrap = envoy_bootstrap(
         upstream_port,
-        [wasm_filter(plugin_config, host_env_keys=["LLM_GOVERNOR_HASH_KEY"])],
+        # (The native module reads the key from Envoy's environment; the wasm VM is given it.)
+        [governor_filter(plugin_config, host_env_keys=["LLM_GOVERNOR_HASH_KEY"])],
         extra_clusters=[rls_cluster(rls_port)],
     )
     kwargs.setdefault("env", {"LLM_GOVERNOR_HASH_KEY": FLEET_HASH_KEY})

@@ -13,12 +13,10 @@ import pytest
 import requests
 
 from fleet_rig import RLS_BINARY, RLS_CLUSTER, Redis, RlsService, fleet_envoy, limits_file
-from harness import Envoy, envoy_bootstrap, wasm_filter, wasm_only
+from harness import Envoy, envoy_bootstrap, governor_filter
 
 pytestmark = [
     pytest.mark.skipif(not RLS_BINARY.exists(), reason="make test builds integration/limitador-rls first"),
-    # The native module does not call the service yet: its fleet limits follow fleet.on_error.
-    wasm_only("the native module makes no fleet calls (README, the native module)"),
 ]
 
 RPM = 12
@@ -59,7 +57,7 @@ class Fleet:
         self.envoys = [fleet_envoy(config, sim.port, self.services[i % 2].port).start() for i in range(3)]
 
     def stat(self, name: str) -> int:
-        return sum(int(e.stat(f"wasmcustom.llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running)
+        return sum(int(e.stat(f"llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running)
 
     def close(self) -> None:
         for e in self.envoys:
@@ -268,7 +266,7 @@ def _swallow(f):
 
 def test_an_unknown_fleet_cluster_is_refused_at_load(simulator):
     config = {**CONFIG, "fleet": {"cluster": "no_such_cluster"}}
-    bootstrap = envoy_bootstrap(simulator.port, [wasm_filter(config)])
+    bootstrap = envoy_bootstrap(simulator.port, [governor_filter(config)])
     failure = Envoy(config, simulator.port, bootstrap=bootstrap).start_expecting_failure()
     assert not failure.ready
     assert "llm_governor: invalid configuration: fleet.cluster:" in failure.log, failure.log[-2000:]

@@ -6,7 +6,7 @@ mod abi;
 mod adapters;
 
 use adapters::{HostLogger, HostMetrics, HostStore};
-use llm_governor_core::fleet::{ServiceCall, ServiceReply};
+use llm_governor_core::fleet::{self, ServiceCall, ServiceReply};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::policy::{Governor, RequestView};
 use llm_governor_core::reply::STEERING_HEADER;
@@ -323,9 +323,7 @@ impl RootContext for Root {
             // health check; its answer is not read.
             let probe = abi::grpc_call(c, "grpc.health.v1.Health", "Check", &[], 1000);
             if probe.is_err() {
-                log::error!(
-                    "llm_governor: invalid configuration: fleet.cluster: Envoy has no cluster {c:?}"
-                );
+                log::error!("llm_governor: {}", fleet::no_such_cluster(c));
                 return false;
             }
         }

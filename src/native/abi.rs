@@ -55,6 +55,28 @@ struct ModuleHeader {
     value_length: usize,
 }
 
+/// Header pairs as the ABI's list; the list borrows `headers`, which must outlive its use.
+fn module_headers(headers: &[(&str, String)]) -> Vec<ModuleHeader> {
+    headers
+        .iter()
+        .map(|(k, v)| ModuleHeader {
+            key_ptr: k.as_ptr(),
+            key_length: k.len(),
+            value_ptr: v.as_ptr(),
+            value_length: v.len(),
+        })
+        .collect()
+}
+
+/// A list's pointer for Envoy: NULL when empty.
+fn list_ptr<T>(list: &mut [T]) -> *mut T {
+    if list.is_empty() {
+        null_mut()
+    } else {
+        list.as_mut_ptr()
+    }
+}
+
 fn lend(bytes: &[u8]) -> ModuleBuffer {
     ModuleBuffer {
         ptr: bytes.as_ptr(),
@@ -112,7 +134,8 @@ pub const LOG_ERROR: u32 = 4;
 pub const LOG_TRACE: u32 = 0;
 
 // The callbacks this module calls, one a line (`e` = Envoy's filter object, `cfg` = Envoy's
-// filter-config object, only in `config_new`; `s` = a scheduler this module created).
+// filter-config object, in `config_new` and the config's own hooks on the main thread; `s` = a
+// scheduler this module created).
 #[rustfmt::skip]
 extern "C" {
     fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
@@ -143,6 +166,11 @@ extern "C" {
     fn envoy_dynamic_module_callback_http_filter_scheduler_new(e: *mut c_void) -> *mut c_void;
     fn envoy_dynamic_module_callback_http_filter_scheduler_commit(s: *mut c_void, event_id: u64);
     fn envoy_dynamic_module_callback_http_filter_scheduler_delete(s: *mut c_void);
+    fn envoy_dynamic_module_callback_http_filter_http_callout(e: *mut c_void, id: *mut u64, cluster: ModuleBuffer, headers: *mut ModuleHeader, n: usize, body: ModuleBuffer, timeout_ms: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(cfg: *mut c_void, id: *mut u64, cluster: ModuleBuffer, headers: *mut ModuleHeader, n: usize, body: ModuleBuffer, timeout_ms: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(cfg: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(s: *mut c_void, event_id: u64);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(s: *mut c_void);
 }
 
 /// Write `message` to Envoy's log (logger `dynamic_modules`).
@@ -177,6 +205,11 @@ pub struct ConfigHandle<'a> {
 }
 
 impl ConfigHandle<'_> {
+    /// The config object for a call made from `config_new` itself (on the main thread).
+    pub fn main(&self) -> MainThread {
+        MainThread { raw: self.raw }
+    }
+
     /// Define a stat family `name` with these label names; its id, or None if Envoy refused.
     pub fn define(&self, kind: StatKind, name: &str, labels: &[&str]) -> Option<usize> {
         let mut names: Vec<ModuleBuffer> = labels.iter().map(|l| lend(l.as_bytes())).collect();
@@ -305,20 +338,8 @@ impl Stream {
         body: &[u8],
         details: &str,
     ) {
-        let mut hs: Vec<ModuleHeader> = headers
-            .iter()
-            .map(|(k, v)| ModuleHeader {
-                key_ptr: k.as_ptr(),
-                key_length: k.len(),
-                value_ptr: v.as_ptr(),
-                value_length: v.len(),
-            })
-            .collect();
-        let hs_ptr = if hs.is_empty() {
-            null_mut()
-        } else {
-            hs.as_mut_ptr()
-        };
+        let mut hs = module_headers(headers);
+        let hs_ptr = list_ptr(&mut hs);
         // SAFETY: a live filter object on its worker thread; every buffer outlives the call.
         unsafe {
             envoy_dynamic_module_callback_http_send_response(
@@ -469,6 +490,178 @@ impl Drop for Scheduler {
     fn drop(&mut self) {
         // SAFETY: made by `scheduler_new`, deleted exactly once, here.
         unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.raw.as_ptr()) }
+    }
+}
+
+/// An HTTP call to a cluster: the request (headers, body, timeout) as the callout callbacks take
+/// it; `Err` is Envoy's refusal to start it (`init_result`: 2 = no such cluster, …).
+pub struct Callout<'a> {
+    pub cluster: &'a str,
+    pub headers: &'a [(&'a str, String)],
+    pub body: &'a [u8],
+    pub timeout_ms: u64,
+}
+
+type CalloutFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut u64,
+    ModuleBuffer,
+    *mut ModuleHeader,
+    usize,
+    ModuleBuffer,
+    u64,
+) -> u32;
+
+impl Callout<'_> {
+    /// # Safety
+    /// `owner` must be what `send` expects: a live filter object on its worker thread, or the
+    /// filter-config object on the main thread.
+    unsafe fn send(&self, send: CalloutFn, owner: *mut c_void) -> Result<u64, u32> {
+        let mut hs = module_headers(self.headers);
+        let mut id = 0u64;
+        // Every buffer outlives the call, which copies what it keeps.
+        let result = send(
+            owner,
+            &mut id,
+            lend(self.cluster.as_bytes()),
+            list_ptr(&mut hs),
+            hs.len(),
+            lend(self.body),
+            self.timeout_ms,
+        );
+        if result == CALLOUT_SUCCESS {
+            Ok(id)
+        } else {
+            Err(result)
+        }
+    }
+}
+
+const CALLOUT_SUCCESS: u32 = 0;
+/// `http_callout_result`: the answer came (whatever its status).
+const CALLOUT_ANSWERED: u32 = 0;
+
+impl Stream {
+    /// Start `call` for this stream; the answer comes to this stream's `http_callout_done`
+    /// hook (Envoy cancels the call if the stream ends first).
+    pub fn callout(self, call: &Callout) -> Result<u64, u32> {
+        // SAFETY: a live filter object on its worker thread.
+        unsafe {
+            call.send(
+                envoy_dynamic_module_callback_http_filter_http_callout,
+                self.e(),
+            )
+        }
+    }
+}
+
+/// Envoy's filter-config object as its own hooks lend it, on the main thread.
+pub struct MainThread {
+    raw: NonNull<c_void>,
+}
+
+impl MainThread {
+    /// Start `call` for the configuration (it outlives every stream); the answer comes to the
+    /// config's `http_callout_done` hook, on the main thread.
+    pub fn callout(&self, call: &Callout) -> Result<u64, u32> {
+        // SAFETY: Envoy's config object, lent by a config hook on the main thread.
+        unsafe {
+            call.send(
+                envoy_dynamic_module_callback_http_filter_config_http_callout,
+                self.raw.as_ptr(),
+            )
+        }
+    }
+}
+
+/// The config's scheduler: a commit from any thread runs the config's `scheduled` hook on the
+/// main thread.
+pub struct ConfigScheduler {
+    raw: NonNull<c_void>,
+}
+
+// SAFETY: as `Scheduler`: commit is made to be called from any thread; deleted once, on drop.
+unsafe impl Send for ConfigScheduler {}
+unsafe impl Sync for ConfigScheduler {}
+
+impl ConfigScheduler {
+    pub fn new(cfg: &ConfigHandle) -> Option<ConfigScheduler> {
+        // SAFETY: Envoy's config object during `config_new`.
+        let raw = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_new(cfg.raw.as_ptr())
+        };
+        NonNull::new(raw).map(|raw| ConfigScheduler { raw })
+    }
+
+    pub fn commit(&self, event_id: u64) {
+        // SAFETY: alive until dropped; commit is thread-safe.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                self.raw.as_ptr(),
+                event_id,
+            )
+        }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        // SAFETY: made by `config_scheduler_new`, deleted exactly once, here.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.raw.as_ptr())
+        }
+    }
+}
+
+/// What came back of a callout, copied out of Envoy's buffers: whether an answer came, its
+/// `:status` and `grpc-status`, and its body.
+pub struct Answer {
+    pub answered: bool,
+    pub status: Option<Vec<u8>>,
+    pub grpc_status: Option<Vec<u8>>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// # Safety
+    /// `headers` and `chunks` are NULL or Envoy's lists of `n` and `chunks_n` entries, valid
+    /// for the hook that lends them.
+    unsafe fn read(
+        result: u32,
+        headers: *const EnvoyHeader,
+        n: usize,
+        chunks: *const EnvoyBuffer,
+        chunks_n: usize,
+    ) -> Answer {
+        let headers = list(headers, n);
+        let find = |name: &[u8]| {
+            headers
+                .iter()
+                .find(|h| bytes(h.key_ptr, h.key_length).eq_ignore_ascii_case(name))
+                .map(|h| bytes(h.value_ptr, h.value_length).to_vec())
+        };
+        let mut body = Vec::new();
+        for c in list(chunks, chunks_n) {
+            body.extend_from_slice(bytes(c.ptr, c.length));
+        }
+        Answer {
+            answered: result == CALLOUT_ANSWERED,
+            status: find(b":status"),
+            grpc_status: find(b"grpc-status"),
+            body,
+        }
+    }
+}
+
+/// Envoy's list of `n` entries; empty for NULL.
+///
+/// # Safety
+/// A non-null `ptr` must point to `n` entries that outlive `'a`.
+unsafe fn list<'a, T>(ptr: *const T, n: usize) -> &'a [T] {
+    if ptr.is_null() || n == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(ptr, n)
     }
 }
 
@@ -640,20 +833,76 @@ stream_hook!(envoy_dynamic_module_on_http_filter_stream_complete, "stream_comple
 stream_hook!(envoy_dynamic_module_on_http_filter_scheduled, "scheduled",
     (_event_id: u64) -> (), (), |s, f| f.scheduled(s));
 
-// Hooks Envoy requires that this module has no use for: it starts no callouts or streams of its
-// own, and leaves downstream flow control to Envoy.
+/// A stream's call to the fleet's service came back (or failed).
 #[no_mangle]
 extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    _e: *mut c_void,
-    _f: *const c_void,
-    _id: u64,
-    _result: u32,
-    _headers: *const EnvoyHeader,
-    _n: usize,
-    _chunks: *const EnvoyBuffer,
-    _chunks_n: usize,
+    e: *mut c_void,
+    fp: *const c_void,
+    id: u64,
+    result: u32,
+    headers: *const EnvoyHeader,
+    n: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_n: usize,
 ) {
+    guarded("http_callout_done", (), || {
+        // SAFETY: see `filter`; Envoy's lists for this hook.
+        let Some((s, f)) = (unsafe { filter(e, fp) }) else {
+            return;
+        };
+        let answer = unsafe { Answer::read(result, headers, n, chunks, chunks_n) };
+        f.callout_done(s, id, &answer);
+    })
 }
+
+/// The module's `Module` of a config hook, borrowed (the config still owns it).
+///
+/// # Safety
+/// `m` must be NULL or the live `Arc::into_raw` of `config_new`.
+unsafe fn module<'a>(m: *const c_void) -> Option<&'a Module> {
+    m.cast::<Module>().as_ref()
+}
+
+/// Work committed to the config's scheduler, on the main thread: the calls owed by no stream.
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    cfg: *mut c_void,
+    m: *const c_void,
+    _event_id: u64,
+) {
+    guarded("http_filter_config_scheduled", (), || {
+        // SAFETY: Envoy's config object and our module of it, on the main thread.
+        let (Some(raw), Some(module)) = (NonNull::new(cfg), unsafe { module(m) }) else {
+            return;
+        };
+        module.send_owed(&MainThread { raw });
+    })
+}
+
+/// A call owed by no stream came back (or failed), on the main thread.
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _cfg: *mut c_void,
+    m: *const c_void,
+    id: u64,
+    result: u32,
+    headers: *const EnvoyHeader,
+    n: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_n: usize,
+) {
+    guarded("http_filter_config_http_callout_done", (), || {
+        // SAFETY: our module of the config; Envoy's lists for this hook.
+        let Some(module) = (unsafe { module(m) }) else {
+            return;
+        };
+        let answer = unsafe { Answer::read(result, headers, n, chunks, chunks_n) };
+        module.owed_done(id, &answer);
+    })
+}
+
+// Hooks Envoy requires that this module has no use for: it opens no streams of its own, and
+// leaves downstream flow control to Envoy.
 
 #[no_mangle]
 extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(

@@ -9,15 +9,20 @@
 //! - no tick: a worker that waits for time arms the module's timer thread (`timer`), which
 //!   commits to the scheduler of one of the worker's paused streams at the deadline; that
 //!   stream's `scheduled` hook runs the worker's `tick` on the worker's own thread;
-//! - stats are families with real labels (`pool`, `class`, `reason`, `dimension`).
+//! - stats are families with real labels (`pool`, `class`, `reason`, `dimension`);
+//! - the fleet's service is called with HTTP callouts carrying gRPC (`fleet::grpc`): a stream's
+//!   own calls on its filter, the calls owed by no stream (commits after a stream's end) on the
+//!   configuration, from the main thread, through the config's scheduler.
 
 mod abi;
 mod adapters;
 mod timer;
 
-use abi::{Body, ConfigHandle, Map, Scheduler, Stream};
+use abi::{
+    Answer, Body, Callout, ConfigHandle, ConfigScheduler, MainThread, Map, Scheduler, Stream,
+};
 use adapters::{Discard, Io, Stats};
-use llm_governor_core::fleet::ServiceReply;
+use llm_governor_core::fleet::{self, grpc, ServiceCall, ServiceReply};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::policy::{Governor, RequestView};
@@ -37,6 +42,18 @@ pub struct Module {
     stats: Stats,
     slots: Vec<Slot>,
     timer: Arc<timer::Timer>,
+    fleet: Option<Fleet>,
+}
+
+/// The way to the fleet's rate-limit service.
+struct Fleet {
+    cluster: String,
+    /// Runs `send_owed` on the main thread.
+    scheduler: ConfigScheduler,
+    /// Calls owed by no stream, by worker slot, waiting for the main thread.
+    owed: Mutex<Vec<(usize, ServiceCall)>>,
+    /// Those the main thread sent: (callout id, slot, seq).
+    out: Mutex<Vec<(u64, usize, u32)>>,
 }
 
 /// One Envoy worker's core `Worker` and the streams it may address from a tick.
@@ -49,6 +66,8 @@ struct SlotState {
     worker: Worker,
     /// Streams that paused (the only ones a tick addresses), until their destroy hook.
     paused: HashMap<u32, Stream>,
+    /// Streams' calls to the fleet's service in flight: (stream, callout id, seq).
+    calls: Vec<(u32, u64, u32)>,
 }
 
 fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Module>> {
@@ -65,13 +84,34 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
             return None;
         }
     };
-    if gov.cfg.fleet.is_some() {
-        log::warn!(
-            "llm_governor: the native module does not call the fleet's rate-limit service yet: \
-             every fleet limit is decided by fleet.on_error, as if the service could not be \
-             reached (use the wasm module for fleet budgets)"
-        );
-    }
+    let fleet = match &gov.cfg.fleet {
+        None => None,
+        Some(f) => {
+            // Envoy refuses a callout to a cluster it lacks at once: a health check asked of
+            // the cluster now refuses a misnamed one at load, as the wasm module does.
+            let probe = grpc::request_headers(grpc::HEALTH_CHECK, &f.cluster);
+            let checked = cfg.main().callout(&Callout {
+                cluster: &f.cluster,
+                headers: &probe,
+                body: &grpc::frame(&[]),
+                timeout_ms: 1000,
+            });
+            if checked == Err(2) {
+                log::error!("llm_governor: {}", fleet::no_such_cluster(&f.cluster));
+                return None;
+            }
+            let Some(scheduler) = ConfigScheduler::new(cfg) else {
+                log::error!("llm_governor: fleet: Envoy gave no scheduler for the fleet's calls");
+                return None;
+            };
+            Some(Fleet {
+                cluster: f.cluster.clone(),
+                scheduler,
+                owed: Mutex::new(Vec::new()),
+                out: Mutex::new(Vec::new()),
+            })
+        }
+    };
     let stats = Stats::define(cfg, &gov.cfg);
     let workers = abi::concurrency().max(1) as usize;
     let slots = (0..workers)
@@ -79,6 +119,7 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
             state: Mutex::new(SlotState {
                 worker: Worker::new(gov.clone(), adapters::seed()),
                 paused: HashMap::new(),
+                calls: Vec::new(),
             }),
             next_id: AtomicU32::new(1),
         })
@@ -88,6 +129,7 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
         stats,
         slots,
         timer,
+        fleet,
     }))
 }
 
@@ -168,10 +210,8 @@ impl Filter {
 
     /// The stream is over (complete, reset or cancelled), before the access log is written.
     fn complete(&mut self, s: Stream) {
-        self.with_worker(s, |w, id, lent| {
-            w.on_end(id, lent);
-            settle_owed(w, lent);
-        });
+        self.with_worker(s, |w, id, lent| w.on_end(id, lent));
+        self.module.owe(self.slot);
     }
 
     /// The timer thread's event: the worker's tick, each due stream's reaction applied to it.
@@ -189,12 +229,69 @@ impl Filter {
                 self.with_worker(s, |w, _, lent| w.on_end(id, lent));
                 continue;
             };
-            if !self.apply(t, id, reaction) {
+            if self.apply(t, id, reaction) {
                 // Only a failed answer says so from a tick: let the request go on.
                 t.continue_decoding();
             }
         }
+        self.module.owe(self.slot);
         self.arm();
+    }
+
+    /// This stream's call to the fleet's service came back: the worker's reaction, applied.
+    fn callout_done(&self, s: Stream, callout: u64, answer: &Answer) {
+        let seq = self.slot().state.lock().ok().and_then(|mut st| {
+            let at = st
+                .calls
+                .iter()
+                .position(|c| c.0 == self.id && c.1 == callout)?;
+            Some(st.calls.swap_remove(at).2)
+        });
+        let Some(seq) = seq else {
+            return; // not a call of ours, or already handled
+        };
+        let reply = answer.reply();
+        let reaction = self.with_worker(s, |w, id, lent| {
+            w.on_service_answer(Some(id), seq, reply, lent)
+        });
+        if let Some(r) = reaction {
+            if self.apply(s, self.id, r) {
+                // Only a failed answer says so from outside a hook: let the request go on.
+                s.continue_decoding();
+            }
+        }
+        self.module.owe(self.slot);
+        self.arm();
+    }
+
+    /// Send a call of stream `t` (id `id`) to the fleet's service.
+    fn send(&self, t: Stream, id: u32, call: ServiceCall) -> Option<Failure> {
+        let fleet = self.module.fleet.as_ref()?;
+        let headers = grpc::request_headers(&grpc::path(call.method), &fleet.cluster);
+        let body = grpc::frame(&call.message);
+        let sent = t.callout(&Callout {
+            cluster: &fleet.cluster,
+            headers: &headers,
+            body: &body,
+            timeout_ms: call.timeout_ms,
+        });
+        match sent {
+            Ok(callout) => {
+                if let Ok(mut st) = self.slot().state.lock() {
+                    st.calls.push((id, callout, call.seq));
+                }
+                None
+            }
+            Err(why) => {
+                log::warn!(
+                    "llm_governor: calling the fleet's rate-limit service on cluster {} failed \
+                     ({}); fleet.on_error decides",
+                    fleet.cluster,
+                    callout_refusal(why)
+                );
+                Some(Failure::Call(call.seq))
+            }
+        }
     }
 
     fn slot(&self) -> &Slot {
@@ -210,7 +307,7 @@ impl Filter {
         f: impl FnOnce(&mut Worker, u32, &mut Lent) -> T,
     ) -> Option<T> {
         let mut state = self.slot().state.lock().ok()?;
-        let SlotState { worker, paused } = &mut *state;
+        let SlotState { worker, paused, .. } = &mut *state;
         Some(self.call(s, worker, paused, f))
     }
 
@@ -250,7 +347,7 @@ impl Filter {
             let Ok(mut state) = self.slot().state.lock() else {
                 return false;
             };
-            let SlotState { worker, paused } = &mut *state;
+            let SlotState { worker, paused, .. } = &mut *state;
             let reaction = self.call(s, worker, paused, f);
             first_pause = reaction.action == Action::Pause && !self.paused;
             if first_pause {
@@ -283,7 +380,11 @@ impl Filter {
     /// Apply a reaction's effects in order to stream `t` (id `id`). An effect that fails is
     /// reported to the worker, whose answer replaces the rest. Returns whether it continues.
     fn apply(&self, t: Stream, id: u32, reaction: Reaction) -> bool {
-        let Some(failure) = reaction.effects.into_iter().find_map(|e| effect_call(t, e)) else {
+        let Some(failure) = reaction
+            .effects
+            .into_iter()
+            .find_map(|e| self.effect_call(t, id, e))
+        else {
             return reaction.action == Action::Continue;
         };
         let instead = self.with_worker(t, |w, _, lent| w.failed(id, failure, lent));
@@ -291,8 +392,17 @@ impl Filter {
             effects: Vec::new(),
             action: Action::Continue,
         });
-        r.effects.into_iter().for_each(|e| _ = effect_call(t, e));
+        r.effects
+            .into_iter()
+            .for_each(|e| _ = self.effect_call(t, id, e));
         r.action == Action::Continue
+    }
+
+    fn effect_call(&self, t: Stream, id: u32, effect: Effect) -> Option<Failure> {
+        match effect {
+            Effect::CallService(call) => self.send(t, id, call),
+            e => effect_call(t, e),
+        }
     }
 }
 
@@ -302,8 +412,14 @@ impl Drop for Filter {
     fn drop(&mut self) {
         let id = self.id;
         if let Ok(mut st) = self.slot().state.lock() {
-            let SlotState { worker, paused } = &mut *st;
+            let SlotState {
+                worker,
+                paused,
+                calls,
+            } = &mut *st;
             paused.remove(&id);
+            // Envoy cancels the stream's calls still out with it.
+            calls.retain(|c| c.0 != id);
             let mut lent = Lent {
                 store: adapters::store(),
                 metrics: &mut Discard,
@@ -312,8 +428,8 @@ impl Drop for Filter {
                 io: &mut llm_governor_core::effects::NoBodies,
             };
             worker.on_end(id, &mut lent);
-            settle_owed(worker, &mut lent);
         }
+        self.module.owe(self.slot);
         if self.paused {
             self.module.timer.remove_waker(self.slot, id);
             self.arm();
@@ -321,11 +437,118 @@ impl Drop for Filter {
     }
 }
 
-/// The fleet's commits owed at streams' ends (sent by the proxy-wasm host from its root): with
-/// no fleet calls here they are counted as failed (`fleet_errors`), so nothing piles up.
-fn settle_owed(w: &mut Worker, lent: &mut Lent) {
-    for call in w.take_owed() {
-        w.on_service_answer(None, call.seq, ServiceReply::Failed(0), lent);
+impl Module {
+    /// Hand the calls worker `slot` owes to no stream (commits at streams' ends) to the main
+    /// thread, which sends them for the configuration: they outlive the streams that owe them.
+    fn owe(&self, slot: usize) {
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        let owed = self.slots[slot]
+            .state
+            .lock()
+            .map(|mut st| st.worker.take_owed())
+            .unwrap_or_default();
+        if owed.is_empty() {
+            return;
+        }
+        if let Ok(mut queue) = fleet.owed.lock() {
+            queue.extend(owed.into_iter().map(|c| (slot, c)));
+        }
+        fleet.scheduler.commit(0);
+    }
+
+    /// On the main thread: send the owed calls; one Envoy refuses is reported as failed.
+    fn send_owed(&self, main: &MainThread) {
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        let owed = fleet
+            .owed
+            .lock()
+            .map(|mut q| std::mem::take(&mut *q))
+            .unwrap_or_default();
+        for (slot, call) in owed {
+            let headers = grpc::request_headers(&grpc::path(call.method), &fleet.cluster);
+            let body = grpc::frame(&call.message);
+            let sent = main.callout(&Callout {
+                cluster: &fleet.cluster,
+                headers: &headers,
+                body: &body,
+                timeout_ms: call.timeout_ms,
+            });
+            match sent {
+                Ok(callout) => {
+                    if let Ok(mut out) = fleet.out.lock() {
+                        out.push((callout, slot, call.seq));
+                    }
+                }
+                Err(why) => {
+                    log::warn!(
+                        "llm_governor: a commit to the fleet's service on cluster {} failed ({})",
+                        fleet.cluster,
+                        callout_refusal(why)
+                    );
+                    self.owed_answer(slot, call.seq, ServiceReply::Failed(0));
+                }
+            }
+        }
+    }
+
+    /// On the main thread: an owed call came back.
+    fn owed_done(&self, callout: u64, answer: &Answer) {
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        let found = fleet.out.lock().ok().and_then(|mut out| {
+            let at = out.iter().position(|c| c.0 == callout)?;
+            Some(out.swap_remove(at))
+        });
+        if let Some((_, slot, seq)) = found {
+            self.owed_answer(slot, seq, answer.reply());
+        }
+    }
+
+    /// Tell worker `slot` what became of its owed call `seq`. No stream is at hand on the
+    /// main thread to write stats through: its counts are dropped (README, the native module).
+    fn owed_answer(&self, slot: usize, seq: u32, reply: ServiceReply) {
+        let Some(s) = self.slots.get(slot) else {
+            return;
+        };
+        if let Ok(mut st) = s.state.lock() {
+            let mut lent = Lent {
+                store: adapters::store(),
+                metrics: &mut Discard,
+                clock: &adapters::now_ms,
+                io: &mut llm_governor_core::effects::NoBodies,
+            };
+            st.worker.on_service_answer(None, seq, reply, &mut lent);
+        }
+    }
+}
+
+impl Answer {
+    /// What the service's answer means to the core.
+    fn reply(&self) -> ServiceReply<'_> {
+        if !self.answered {
+            return ServiceReply::Failed(grpc::UNAVAILABLE); // reset or timed out
+        }
+        grpc::reply(
+            self.status.as_deref(),
+            self.grpc_status.as_deref(),
+            &self.body,
+        )
+    }
+}
+
+/// Envoy's `http_callout_init_result`, for the log.
+fn callout_refusal(code: u32) -> &'static str {
+    match code {
+        1 => "missing required headers",
+        2 => "no such cluster",
+        3 => "duplicate callout id",
+        4 => "cannot create the request (no healthy host?)",
+        _ => "refused",
     }
 }
 
@@ -371,8 +594,7 @@ fn effect_call(t: Stream, effect: Effect) -> Option<Failure> {
             t.continue_encoding();
             true
         }
-        // No fleet calls here yet (README): the call is reported as not sent, so the
-        // configured `fleet.on_error` decides, as for a service that cannot be reached.
+        // Sent by `Filter::send` (it needs the module's way to the service).
         Effect::CallService(_) => return failure,
     };
     if done {
