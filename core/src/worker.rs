@@ -136,6 +136,22 @@ impl Worker {
         matches!(self.streams.get(&id), Some(Stream::Upstream { .. }))
     }
 
+    /// Whether `on_request_body` (`request`) or `on_response_body` would do anything for
+    /// stream `id` now: a host may let any other body chunk through without reading its size.
+    pub fn reads_body(&self, id: u32, request: bool) -> bool {
+        match self.streams.get(&id) {
+            Some(
+                Stream::ReadingBody(_)
+                | Stream::Held { .. }
+                | Stream::AwaitingFleet(_)
+                | Stream::ReplyPending { .. },
+            ) => request,
+            Some(Stream::Upstream { usage, .. }) => !request && usage.is_some(),
+            Some(Stream::AwaitingErrorBody { .. }) => !request,
+            _ => false,
+        }
+    }
+
     /// When `tick` next has something to do; None when nothing waits or is held.
     pub fn next_due_ms(&self) -> Option<u64> {
         let wait = self.due.first().map(|(until, _)| *until);

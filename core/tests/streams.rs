@@ -513,3 +513,33 @@ fn on_a_worker_that_never_saw_a_body_callback_a_missing_body_still_means_headers
         "rate_limited"
     );
 }
+
+#[test]
+fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouched() {
+    let mut host = Host::new(RESERVING);
+    headers(&mut host, 1, false, &[A]);
+    // Reading the body before admission: the worker wants the request body.
+    assert!(host.worker.reads_body(1, true));
+    assert!(!host.worker.reads_body(1, false));
+    host.io.request_bodies.insert(1, BODY.to_vec());
+    assert_eq!(
+        body(&mut host, 1, BODY.len(), true).action,
+        Action::Continue
+    );
+    // Upstream now: more request body is let through; the response body is scanned for usage
+    // (this limit settles with it).
+    assert!(!host.worker.reads_body(1, true));
+    assert_eq!(
+        body(&mut host, 1, 10, true),
+        Reaction {
+            effects: vec![],
+            action: Action::Continue
+        }
+    );
+    // A stream the worker does not know: nothing to read.
+    assert!(!host.worker.reads_body(99, true) && !host.worker.reads_body(99, false));
+    // With `{}`, a forwarded request's bodies are never needed.
+    let mut plain = Host::new("{}");
+    headers(&mut plain, 1, false, &[A]);
+    assert!(!plain.worker.reads_body(1, true) && !plain.worker.reads_body(1, false));
+}

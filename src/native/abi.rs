@@ -46,6 +46,15 @@ struct EnvoyHeader {
     value_length: usize,
 }
 
+/// How many headers `with_headers` reads without allocating.
+const INLINE_HEADERS: usize = 32;
+const EMPTY_HEADER: EnvoyHeader = EnvoyHeader {
+    key_ptr: null(),
+    key_length: 0,
+    value_ptr: null(),
+    value_length: 0,
+};
+
 /// A header the module hands Envoy for a local reply.
 #[repr(C)]
 struct ModuleHeader {
@@ -273,35 +282,55 @@ impl Stream {
     /// only for `f`: nothing may set a header of the map meanwhile (the core only reads; its
     /// effects are applied after it returns).
     pub fn with_headers<T>(self, map: Map, f: impl FnOnce(&[(&[u8], &[u8])]) -> T) -> T {
-        // SAFETY: a live filter object on its worker thread; Envoy fills at most `n` entries
-        // (the size it just reported), and `set_len` covers only those it says it wrote.
-        let raw: Vec<EnvoyHeader> = unsafe {
-            let n = envoy_dynamic_module_callback_http_get_headers_size(self.e(), map as u32);
-            let mut out: Vec<EnvoyHeader> = Vec::with_capacity(n);
-            if n > 0
-                && envoy_dynamic_module_callback_http_get_headers(
+        // SAFETY: a live filter object on its worker thread.
+        let n =
+            unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.e(), map as u32) };
+        // A usual map fits on the stack: no allocation per hook.
+        if n <= INLINE_HEADERS {
+            let mut raw = [EMPTY_HEADER; INLINE_HEADERS];
+            let mut pairs: [(&[u8], &[u8]); INLINE_HEADERS] = [(&[], &[]); INLINE_HEADERS];
+            let got = self.read_headers(map, &mut raw[..n], &mut pairs[..n]);
+            return f(&pairs[..got]);
+        }
+        let mut raw = vec![EMPTY_HEADER; n];
+        let mut pairs: Vec<(&[u8], &[u8])> = vec![(&[], &[]); n];
+        let got = self.read_headers(map, &mut raw, &mut pairs);
+        f(&pairs[..got])
+    }
+
+    /// Fill `raw` (sized by Envoy's count) with the map's headers and `pairs` with slices of
+    /// them; how many were read (0 if Envoy wrote none).
+    fn read_headers<'r>(
+        self,
+        map: Map,
+        raw: &'r mut [EnvoyHeader],
+        pairs: &mut [(&'r [u8], &'r [u8])],
+    ) -> usize {
+        // SAFETY: Envoy writes exactly the count it just reported into `raw`, which has that
+        // length; it returns false if it wrote nothing.
+        let filled = !raw.is_empty()
+            && unsafe {
+                envoy_dynamic_module_callback_http_get_headers(
                     self.e(),
                     map as u32,
-                    out.as_mut_ptr(),
+                    raw.as_mut_ptr(),
                 )
-            {
-                out.set_len(n);
-            }
-            out
-        };
-        // SAFETY: the entries point into Envoy's map, which lives until the hook returns; the
-        // slices do not leave `f`. Names and values are any bytes (the core never assumes
-        // UTF-8); a NULL pointer reads as empty.
-        let pairs: Vec<(&[u8], &[u8])> = raw
-            .iter()
-            .map(|h| unsafe {
+            };
+        if !filled {
+            return 0;
+        }
+        for (pair, h) in pairs.iter_mut().zip(raw.iter()) {
+            // SAFETY: the entries point into Envoy's map, which lives until the hook returns;
+            // the slices do not leave the hook (`with_headers`' `f`). Names and values are any
+            // bytes (the core never assumes UTF-8); a NULL pointer reads as empty.
+            *pair = unsafe {
                 (
                     bytes(h.key_ptr, h.key_length),
                     bytes(h.value_ptr, h.value_length),
                 )
-            })
-            .collect();
-        f(&pairs)
+            };
+        }
+        raw.len()
     }
 
     /// Set (replace) a header; `value` None removes it.

@@ -146,6 +146,7 @@ fn filter_new(module: Arc<Module>, stream: Stream) -> Filter {
         slot,
         id,
         paused: false,
+        ended: false,
     }
 }
 
@@ -156,6 +157,8 @@ pub struct Filter {
     id: u32,
     /// It paused at least once: it is in the slot's `paused` map and has a scheduler.
     paused: bool,
+    /// Its end was handled (`complete`): the destroy hook has only its registrations to drop.
+    ended: bool,
 }
 
 impl Filter {
@@ -169,6 +172,9 @@ impl Filter {
     }
 
     fn request_body(&mut self, s: Stream, end_of_stream: bool) -> bool {
+        if !self.reads_body(true) {
+            return false; // most chunks: nothing to read, nothing to wait for
+        }
         // What Envoy buffers for the filter: what it kept so far and this chunk.
         let size = s.body_size(Body::BufferedRequest) + s.body_size(Body::ReceivedRequest);
         self.react(s, |w, id, lent| {
@@ -198,6 +204,9 @@ impl Filter {
     }
 
     fn response_body(&mut self, s: Stream, end_of_stream: bool) -> bool {
+        if !self.reads_body(false) {
+            return false;
+        }
         let size = s.body_size(Body::BufferedResponse) + s.body_size(Body::ReceivedResponse);
         self.react(s, |w, id, lent| {
             w.on_response_body(id, size, end_of_stream, lent)
@@ -210,8 +219,21 @@ impl Filter {
 
     /// The stream is over (complete, reset or cancelled), before the access log is written.
     fn complete(&mut self, s: Stream) {
-        self.with_worker(s, |w, id, lent| w.on_end(id, lent));
+        if let Ok(mut state) = self.slot().state.lock() {
+            let SlotState {
+                worker,
+                paused,
+                calls,
+            } = &mut *state;
+            self.call(s, worker, paused, |w, id, lent| w.on_end(id, lent));
+            // Envoy cancels the stream's calls still out as it destroys the filter, right
+            // after this hook: no answer of theirs comes.
+            if !calls.is_empty() {
+                calls.retain(|c| c.0 != self.id);
+            }
+        }
         self.module.owe(self.slot);
+        self.ended = true;
     }
 
     /// The timer thread's event: the worker's tick, each due stream's reaction applied to it.
@@ -292,6 +314,12 @@ impl Filter {
                 Some(Failure::Call(call.seq))
             }
         }
+    }
+
+    /// Whether the worker has a use for this chunk of the request's (or response's) body.
+    fn reads_body(&self, request: bool) -> bool {
+        let state = self.slot().state.lock();
+        state.is_ok_and(|st| st.worker.reads_body(self.id, request))
     }
 
     fn slot(&self) -> &Slot {
@@ -410,6 +438,9 @@ impl Drop for Filter {
     /// The stream's destroy hook: forget it everywhere (its end was normally handled by
     /// `complete`; Envoy's filter object is no longer ours to call, so stats are dropped).
     fn drop(&mut self) {
+        if self.ended && !self.paused {
+            return; // the usual stream: nothing of it is left anywhere
+        }
         let id = self.id;
         if let Ok(mut st) = self.slot().state.lock() {
             let SlotState {
