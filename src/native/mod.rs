@@ -288,32 +288,16 @@ impl Filter {
 
     /// Send a call of stream `t` (id `id`) to the fleet's service.
     fn send(&self, t: Stream, id: u32, call: ServiceCall) -> Option<Failure> {
-        let fleet = self.module.fleet.as_ref()?;
-        let headers = grpc::request_headers(&grpc::path(call.method), &fleet.cluster);
-        let body = grpc::frame(&call.message);
-        let sent = t.callout(&Callout {
-            cluster: &fleet.cluster,
-            headers: &headers,
-            body: &body,
-            timeout_ms: call.timeout_ms,
-        });
-        match sent {
-            Ok(callout) => {
-                if let Ok(mut st) = self.slot().state.lock() {
-                    st.calls.push((id, callout, call.seq));
-                }
-                None
-            }
-            Err(why) => {
-                log::warn!(
-                    "llm_governor: calling the fleet's rate-limit service on cluster {} failed \
-                     ({}); fleet.on_error decides",
-                    fleet.cluster,
-                    callout_refusal(why)
-                );
-                Some(Failure::Call(call.seq))
-            }
+        let Some(fleet) = &self.module.fleet else {
+            return Some(Failure::Call(call.seq));
+        };
+        let Some(callout) = fleet.send(&call, |c| t.callout(c)) else {
+            return Some(Failure::Call(call.seq)); // fleet.on_error decides
+        };
+        if let Ok(mut st) = self.slot().state.lock() {
+            st.calls.push((id, callout, call.seq));
         }
+        None
     }
 
     /// Whether the worker has a use for this chunk of the request's (or response's) body.
@@ -468,6 +452,34 @@ impl Drop for Filter {
     }
 }
 
+impl Fleet {
+    /// `call` as gRPC in an HTTP callout made by `via` (a stream's filter, or the
+    /// configuration for a call no stream owns); its callout id, or None (logged) when Envoy
+    /// refuses to start it.
+    fn send(
+        &self,
+        call: &ServiceCall,
+        via: impl FnOnce(&Callout) -> Result<u64, u32>,
+    ) -> Option<u64> {
+        let headers = grpc::request_headers(&grpc::path(call.method), &self.cluster);
+        let body = grpc::frame(&call.message);
+        let sent = via(&Callout {
+            cluster: &self.cluster,
+            headers: &headers,
+            body: &body,
+            timeout_ms: call.timeout_ms,
+        });
+        sent.inspect_err(|why| {
+            log::warn!(
+                "llm_governor: calling the fleet's rate-limit service on cluster {} failed ({})",
+                self.cluster,
+                callout_refusal(*why)
+            );
+        })
+        .ok()
+    }
+}
+
 impl Module {
     /// Hand the calls worker `slot` owes to no stream (commits at streams' ends) to the main
     /// thread, which sends them for the configuration: they outlive the streams that owe them.
@@ -500,28 +512,13 @@ impl Module {
             .map(|mut q| std::mem::take(&mut *q))
             .unwrap_or_default();
         for (slot, call) in owed {
-            let headers = grpc::request_headers(&grpc::path(call.method), &fleet.cluster);
-            let body = grpc::frame(&call.message);
-            let sent = main.callout(&Callout {
-                cluster: &fleet.cluster,
-                headers: &headers,
-                body: &body,
-                timeout_ms: call.timeout_ms,
-            });
-            match sent {
-                Ok(callout) => {
+            match fleet.send(&call, |c| main.callout(c)) {
+                Some(callout) => {
                     if let Ok(mut out) = fleet.out.lock() {
                         out.push((callout, slot, call.seq));
                     }
                 }
-                Err(why) => {
-                    log::warn!(
-                        "llm_governor: a commit to the fleet's service on cluster {} failed ({})",
-                        fleet.cluster,
-                        callout_refusal(why)
-                    );
-                    self.owed_answer(slot, call.seq, ServiceReply::Failed(0));
-                }
+                None => self.owed_answer(slot, call.seq, ServiceReply::Failed(0)),
             }
         }
     }
