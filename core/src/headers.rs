@@ -148,9 +148,10 @@ fn folded_eq(a: &[u8], b: &[u8]) -> bool {
     a.eq_ignore_ascii_case(b)
 }
 
-/// A header value as trimmed UTF-8, or None when empty or not UTF-8.
+/// A header value as UTF-8 without its surrounding whitespace (HTTP's: spaces and tabs, and
+/// the other ASCII whitespace), or None when empty or not UTF-8.
 pub fn value_str(v: &[u8]) -> Option<&str> {
-    let s = std::str::from_utf8(v).ok()?.trim();
+    let s = std::str::from_utf8(v.trim_ascii()).ok()?;
     (!s.is_empty()).then_some(s)
 }
 
