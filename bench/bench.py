@@ -757,6 +757,8 @@ def report(results):
                 row += f" {lat_txt} (lower rates: it saturates far below Envoy) |"
                 lines.append(row)
         lines += over_empty(sat)
+        if not (sat.get("d") and sat.get("b") and "d" in lat and "a" in lat):
+            continue  # BENCH_CONFIGS left out the default config or its comparison: no targets line
         d, b = best_rps(sat["d"]), best_rps(sat["b"])
         added = [median_of(lat["d"][str(r)], "p99_us") - median_of(lat["a"][str(r)], "p99_us") for r in rates]
         cpu_ratio = base_cpu / best_cpu(sat["d"])
