@@ -13,7 +13,7 @@ use crate::deadline;
 pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::{FleetCharge, Said, ServiceCall, ServiceReply};
+use crate::fleet::{Ask, FleetCharge, Said, ServiceCall, ServiceReply};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -480,13 +480,7 @@ impl Worker {
                 } = w;
                 g.limits().undo(&mut flow, &mut env);
                 g.give_back_release(&mut flow, &mut env);
-                let unused = asks.into_iter().zip(said).filter_map(|(a, s)| match s {
-                    Some(Said::Ok {
-                        reservation: Some(r),
-                    }) => Some((a.limit, a.key, r)),
-                    _ => None,
-                });
-                for (limit, key, r) in unused {
+                for (limit, key, r) in granted(asks, said) {
                     let seq = next(&mut self.next_seq);
                     self.owed.push(g.release_call(limit, key, &r, seq));
                 }
@@ -803,14 +797,7 @@ impl Worker {
                 Some(blocked) => {
                     // What the request holds goes back: the local takes, the pace's release,
                     // the fleet's reservations (released at no cost).
-                    for (a, s) in asks.into_iter().zip(said) {
-                        if let Said::Ok {
-                            reservation: Some(r),
-                        } = s
-                        {
-                            owed.push((a.limit, a.key, r));
-                        }
-                    }
+                    owed.extend(granted(asks, said));
                     g.limits().undo(&mut flow, &mut env);
                     g.give_back_release(&mut flow, &mut env);
                     now = Some(env.now());
@@ -957,4 +944,20 @@ fn next(seq: &mut u32) -> u32 {
 fn set_headers(effects: &mut Vec<Effect>, headers: Vec<(&'static str, String)>) {
     effects.push(Effect::AccessLog(reply::access_log(&headers)));
     effects.push(Effect::SetResponseHeaders(headers));
+}
+
+/// The reservations the fleet granted a request's admission (an answer still missing counts
+/// as none): released when the request does not go on.
+fn granted<S: Into<Option<Said>>>(
+    asks: Vec<Ask>,
+    said: impl IntoIterator<Item = S>,
+) -> impl Iterator<Item = (usize, String, String)> {
+    asks.into_iter()
+        .zip(said)
+        .filter_map(|(a, s)| match s.into() {
+            Some(Said::Ok {
+                reservation: Some(r),
+            }) => Some((a.limit, a.key, r)),
+            _ => None,
+        })
 }
