@@ -9,7 +9,7 @@
 //! - no tick: a worker that waits for time arms the module's timer thread (`timer`), which
 //!   commits to the scheduler of one of the worker's paused streams at the deadline; that
 //!   stream's `scheduled` hook runs the worker's `tick` on the worker's own thread;
-//! - stats are families with real labels (`pool`, `class`, `reason`, `dimension`).
+//! - stats are families with real labels (`llm_pool`, `class`, `reason`, `dimension`, `outcome`).
 
 mod abi;
 mod adapters;
