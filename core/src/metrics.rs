@@ -189,13 +189,20 @@ pub fn stat_name(pool: &str, metric: &str) -> String {
     format!("llm_governor.pool.{pool}.{metric}")
 }
 
+/// The name of the pool label of a host with real labels: `llm_pool`, the label the wasm
+/// build's shipped `stats_tags` regex gives, so the dashboard and the alerts select, group and
+/// label by one name whichever build Envoy runs (Envoy 1.40 still names the series differently:
+/// it prefixes a dynamic module's with `envoy_dynamicmodulescustom_`).
+pub const POOL_LABEL: &str = "llm_pool";
+
 /// A stat as a host with real labels defines it (the dynamic-module host): one family per kind
-/// of stat, labelled `pool` and, where the wasm name folds a second dimension into the name, by
-/// that too: `upstream_rate_limited` is `llm_governor.upstream{pool, class="rate_limited"}`,
-/// `local_reject_cooldown` is `llm_governor.local_reject{pool, reason="cooldown"}`,
-/// `exhausted_tokens` is `llm_governor.exhausted{pool, dimension="tokens"}`,
-/// `fleet_calls_ok` is `llm_governor.fleet_calls{pool, outcome="ok"}`; every other stat is
-/// `llm_governor.<stat>{pool}`.
+/// of stat, labelled `llm_pool` (`POOL_LABEL`) and, where the wasm name folds a second
+/// dimension into the name, by that too: `upstream_rate_limited` is
+/// `llm_governor.upstream{llm_pool, class="rate_limited"}`, `local_reject_cooldown` is
+/// `llm_governor.local_reject{llm_pool, reason="cooldown"}`, `exhausted_tokens` is
+/// `llm_governor.exhausted{llm_pool, dimension="tokens"}`, `fleet_calls_ok` is
+/// `llm_governor.fleet_calls{llm_pool, outcome="ok"}`; every other stat is
+/// `llm_governor.<stat>{llm_pool}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Family {
     /// The family's name (`llm_governor.upstream`).

@@ -13,7 +13,7 @@ client threads in each:
    local answers for clients that cannot wait, the OpenAI account steered to its fallback;
 3. a quota answer for another Anthropic account (a pool without fallback): quota_exhausted,
    then local quota answers;
-4. 529s for the Anthropic account: overloaded.
+4. 529s for the Anthropic account (its clients under a tenant of their own): overloaded.
 Some requests say they are SDK retries (`x-stainless-retry-count: 1`).
 """
 
@@ -158,7 +158,9 @@ def run_storm(envoy, sim) -> dict:
     sim.scenario({"mode": "quota", "keys": [quota]})
     _phase(envoy, 3, [("/v1/messages", quota)] * 2 + [("/v1/messages", anth)], counts)
     sim.scenario({"mode": "overloaded", "keys": [anth]})
-    _phase(envoy, 4, [("/v1/messages", anth, {"x-stainless-read-timeout": "1"})] * 2
+    # A tenant of their own: requests without x-tenant-id share the tenant bucket's key `-`,
+    # which the OpenAI client keeps empty here, so the 529s would hang on who wins its refills.
+    _phase(envoy, 4, [("/v1/messages", anth, {"x-stainless-read-timeout": "1", "x-tenant-id": "ops"})] * 2
            + [("/v1/chat/completions", oai)], counts)
     sim.scenario({})
     return counts

@@ -167,6 +167,11 @@ class LocalPrometheus:
         )
         return r.json()
 
+    def label_values(self, label: str, match: str) -> dict:
+        """The values of `label` on the series `match` selects (Grafana's label_values(match, label))."""
+        r = requests.get(self.url + f"/api/v1/label/{label}/values", params={"match[]": match}, timeout=10)
+        return r.json()
+
     def stop(self) -> None:
         terminate(self.proc)
         self.proc = None

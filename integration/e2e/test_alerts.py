@@ -1,5 +1,8 @@
 """The Prometheus alert rules are valid and do what they say: `promtool check rules` on
-envoy/prometheus/alerts.yaml and `promtool test rules` on its unit tests (alerts_test.yaml).
+envoy/prometheus/alerts.yaml and `promtool test rules` on its unit tests (alerts_test.yaml), on
+the wasm build's series as written and again with every series renamed to the native build's:
+the same alerts fire, with the same labels, whichever build the gateways run. Every selection of
+a wasm series in the rules reads `<wasm series> or <native series>` (harness.missing_native_twins).
 
 promtool comes from Debian's `prometheus` package (scripts/ensure-promtool.sh installs it). Where
 it is missing these tests skip, except under CI=true, where a missing promtool is a failure:
@@ -14,8 +17,9 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
-from harness import REPO_ROOT
+from harness import REPO_ROOT, WASM_PROMETHEUS_PREFIX, missing_native_twins, native_metric
 
 RULES = REPO_ROOT / "envoy" / "prometheus" / "alerts.yaml"
 RULE_TESTS = REPO_ROOT / "envoy" / "prometheus" / "alerts_test.yaml"
@@ -73,3 +77,51 @@ def test_every_alert_has_severity_summary_runbook_and_a_unit_test():
     assert not untested, f"alerts with no promtool case that fires them: {untested}"
     unknown = sorted(set(re.findall(r"alertname: (\S+)", tested)) - set(alerts))
     assert not unknown, f"alerts_test.yaml tests alerts alerts.yaml does not define: {unknown}"
+
+
+# A series of alerts_test.yaml's input: the wasm name and its labels.
+WASM_SERIES = re.compile(r"\b(" + WASM_PROMETHEUS_PREFIX + r"[a-z_]+)\{([^}]*)\}")
+
+
+def as_native(text: str) -> str:
+    """alerts_test.yaml with every wasm series renamed to the native build's: the family, its
+    second label (class, reason, dimension, outcome) added to the series' own labels."""
+
+    def rename(m: re.Match) -> str:
+        name, label = native_metric(m.group(1))
+        labels = ",".join(x for x in (m.group(2), label) if x)
+        return f"{name}{{{labels}}}"
+
+    return WASM_SERIES.sub(rename, text)
+
+
+def test_the_native_renaming_covers_every_series():
+    # The control for the test below: every input series of alerts_test.yaml is a wasm one it
+    # renames (or Envoy's own cluster stats, or already native), and none is left behind.
+    native = as_native(RULE_TESTS.read_text())
+    series = re.findall(r"series: '([a-z_]+)\{", native)
+    assert series, "no input series in alerts_test.yaml"
+    assert not [s for s in series if s.startswith(WASM_PROMETHEUS_PREFIX)], series
+    assert 'envoy_dynamicmodulescustom_llm_governor_upstream{instance="gw-1",job="envoy",llm_pool="openai",class="rate_limited"}' in native
+    assert 'envoy_dynamicmodulescustom_llm_governor_local_reject{instance="gw-1",job="envoy",llm_pool="openai",reason="quota"}' in native
+
+
+def test_alert_rules_fire_on_the_native_builds_series(promtool, tmp_path):
+    # Every case of alerts_test.yaml, on the series a native gateway exports: each alert fires
+    # (and stays quiet) exactly as on the wasm series, with the same labels and annotations.
+    text = as_native(RULE_TESTS.read_text()).replace("  - alerts.yaml\n", f"  - {RULES}\n", 1)
+    assert str(RULES) in text
+    native_tests = tmp_path / "alerts_test_native.yaml"
+    native_tests.write_text(text)
+    result = run(promtool, "test", "rules", str(native_tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_rule_reads_both_builds():
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    assert len(rules) == len(alert_names())
+    for rule in rules:
+        expr = rule["expr"]
+        assert WASM_PROMETHEUS_PREFIX in expr, f"{rule['alert']} reads no llm-governor series"
+        missing = missing_native_twins(expr)
+        assert not missing, f"{rule['alert']}: wasm series without the native one beside it: {missing}"

@@ -1,11 +1,16 @@
 """deploy/grafana/llm-governor.json: the conventions it keeps, and every query run by a real
 Prometheus (Debian's `prometheus`, on loopback) that scraped a real Envoy with the module
-through a short storm (integration/e2e/dashboard_storm.py).
+through a short storm (integration/e2e/dashboard_storm.py), for the artifact under test
+(LLM_GOVERNOR_ARTIFACT=wasm or native: one dashboard serves both builds).
 
 - Every panel's query parses (Prometheus's API answers `success`, where a broken expression
   gets `bad_data`: the control shows it) and returns data over the storm; the panels the storm
   exercises show a value above zero at some point.
-- Every metric a query names is one the Envoy actually exported (no typo, no stale name).
+- Every metric a query names is one the Envoy actually exported (no typo, no stale name), and
+  so is every value of a native family's second label a query selects (class="rate_limited").
+- Every wasm series a query selects has the native build's beside it
+  (`<wasm series> or <native series>`, harness.missing_native_twins), and the `pool` variable
+  lists the pools of either build.
 - Grafana conventions: schemaVersion 39-41, one `datasource` variable, every panel's datasource
   is it, counters only as rate()/increase() over `$__rate_interval`, a title, description and
   unit on every panel.
@@ -24,11 +29,9 @@ import time
 import pytest
 
 import dashboard_storm as storm
-from harness import PROMETHEUS_LABELS, wasm_only
+from harness import (NATIVE, NATIVE_PROMETHEUS_PREFIX, WASM_PROMETHEUS_PREFIX, missing_native_twins, native_family,
+                     native_metric)
 from servers import LocalPrometheus, require
-
-# The dashboard reads the wasm module's series (llm_pool from the stats tags).
-pytestmark = wasm_only(PROMETHEUS_LABELS)
 
 COUNTERS = {
     "upstream_rate_limited", "upstream_quota_exhausted", "upstream_overloaded", "local_reject_cooldown",
@@ -37,7 +40,15 @@ COUNTERS = {
     "body_unavailable", "held", "hold_released", "hold_expired", "failover", "client_retries",
     "succeeded_after_retry", "fleet_calls_ok", "fleet_calls_over_limit", "fleet_errors", "fleet_fallback",
 }
-METRIC = re.compile(r"\b(llm_governor_pool_[a-z_]+)")
+# The native build's counter families (`upstream` for upstream_rate_limited, ...).
+NATIVE_COUNTERS = {native_family(c)[0] for c in COUNTERS}
+# Any series of either build a query names, and those of the artifact under test.
+METRIC = re.compile(rf"\b((?:{WASM_PROMETHEUS_PREFIX}|{NATIVE_PROMETHEUS_PREFIX})[a-z_]+)")
+OWN_PREFIX = NATIVE_PROMETHEUS_PREFIX if NATIVE else WASM_PROMETHEUS_PREFIX
+# Panels of histograms the native module never writes in the storm: Envoy makes a labelled
+# histogram on its first sample, and the storm's gateway has no fleet limits, so fleet_call_ms
+# has no series to return. The wasm module's exist from the start.
+NATIVE_NO_SAMPLE = {"Fleet call latency": "fleet_call_ms"}
 # The panels the storm must move: every query of each shows a value above zero at some point
 # (the rest may stay at 0 in it: bodies not delivered, the token dimensions the simulator's
 # 429s do not name).
@@ -76,17 +87,32 @@ def test_dashboard_follows_the_conventions():
             expr = target["expr"]
             ranges = re.findall(r"\[([^\]]+)\]", expr)
             assert all(r == "$__rate_interval" for r in ranges), f"{name}: ranges {ranges} (use $__rate_interval)"
-            for metric in METRIC.findall(expr):
-                base = metric.removeprefix("llm_governor_pool_")
-                if base in COUNTERS:
+            for m in METRIC.finditer(expr):
+                metric = m.group(1)
+                if metric.removeprefix(WASM_PROMETHEUS_PREFIX) in COUNTERS or (
+                        metric.removeprefix(NATIVE_PROMETHEUS_PREFIX) in NATIVE_COUNTERS):
                     assert re.search(rf"(rate|increase)\({metric}\{{[^}}]*\}}\[\$__rate_interval\]\)", expr), (
                         f"{name}: counter {metric} outside rate(...[$__rate_interval])")
-            for metric in METRIC.findall(expr):
-                assert '{llm_pool=~"$pool"}' in expr.split(metric, 1)[1][:20], f"{name}: {metric} ignores $pool"
+                assert expr[m.end():].startswith('{llm_pool=~"$pool"'), f"{name}: {metric} ignores $pool"
+            missing = missing_native_twins(expr)
+            assert not missing, f"{name}/{target['refId']}: wasm series without the native build's beside it: {missing}"
+    pool = next(v for v in variables if v["name"] == "pool")
+    assert pool["definition"] == pool["query"]["query"], "the pool variable's definition is not its query"
+    selector = pool_variable_selector(dash)
+    assert set(METRIC.findall(selector)) == {
+        WASM_PROMETHEUS_PREFIX + "held_requests", native_metric(WASM_PROMETHEUS_PREFIX + "held_requests")[0]}, selector
     # The fleet's panels (issue 21) in a row of their own, last: the storm has no fleet, so they
     # are checked to parse and return their series (at 0), not to move.
     rows = [p for p in dash["panels"] if p["type"] == "row"]
     assert rows[-1]["title"] == "Fleet" and len(rows[-1]["panels"]) == 3
+
+
+def pool_variable_selector(dash: dict) -> str:
+    """The series selector of the `pool` variable's `label_values(<selector>, llm_pool)`."""
+    pool = next(v for v in dash["templating"]["list"] if v["name"] == "pool")
+    m = re.fullmatch(r"label_values\((.+), llm_pool\)", pool["query"]["query"])
+    assert m, pool["query"]
+    return m.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +134,10 @@ def scraped(simulator):
             counts = storm.run_storm(envoy, simulator)
             time.sleep(3 * storm.SCRAPE_S)  # the last flush and scrape
             end = time.time()
-            exported = set(re.findall(r"^([a-z_]+)(?:\{|\s)", envoy.prometheus(), re.M))
+            text = envoy.prometheus()
+            exported = set(re.findall(r"^([a-z_]+)(?:\{|\s)", text, re.M))
+            # (name, label="value") of every series of the native families' second labels.
+            exported |= set(re.findall(r'^([a-z_]+)\{[^}]*?\b((?:class|reason|dimension|outcome)="[a-z_]+")', text, re.M))
             yield prom, start, end, exported, counts
 
 
@@ -119,11 +148,30 @@ def test_the_storm_reached_the_provider_and_the_gateway(scraped):
 
 
 def test_every_query_names_metrics_envoy_exports(scraped):
+    # The series of the artifact under test; for native, with the second label's value each
+    # selects (a typo in class="..." would select nothing).
     _, _, _, exported, _ = scraped
-    names = {m for _, _, _, expr in storm.targets(storm.dashboard(), storm.DEFAULT_VARIABLES) for m in METRIC.findall(expr)}
-    assert names, "no llm_governor metric in the dashboard"
-    missing = sorted(n for n in names if n not in exported)
+    names = set()
+    for title, _, _, expr in storm.targets(storm.dashboard(), storm.DEFAULT_VARIABLES):
+        for m in re.finditer(rf"\b({OWN_PREFIX}[a-z_]+)(\{{[^}}]*\}})?", expr):
+            name = m.group(1)
+            if NATIVE and NATIVE_NO_SAMPLE.get(title) and NATIVE_NO_SAMPLE[title] in name:
+                continue
+            names.add(name)
+            names |= {(name, v) for v in re.findall(r'\b((?:class|reason|dimension|outcome)="[a-z_]+")', m.group(2) or "")}
+    assert names, f"no {OWN_PREFIX}* metric in the dashboard"
+    missing = sorted(map(str, (n for n in names if n not in exported)))
     assert not missing, f"queried but not exported by Envoy: {missing}"
+
+
+def test_the_pool_variable_lists_every_pool(scraped):
+    # What Grafana's label_values(<selector>, llm_pool) asks Prometheus, on the build under test.
+    prom = scraped[0]
+    selector = pool_variable_selector(storm.dashboard())
+    answer = prom.label_values("llm_pool", selector)
+    assert answer.get("status") == "success", answer
+    pools = {p["name"] for p in storm.CONFIG["pools"]} | {"default"}
+    assert set(answer["data"]) == pools, (selector, answer["data"])
 
 
 def test_every_panel_query_parses_and_returns_data(scraped):
@@ -134,6 +182,9 @@ def test_every_panel_query_parses_and_returns_data(scraped):
         answer = prom.query_range(expr, start, end, step=1)
         assert answer.get("status") == "success", f"{title}/{ref}: {answer.get('error')} in {expr}"
         result = answer["data"]["result"]
+        if NATIVE and title in NATIVE_NO_SAMPLE:
+            assert not result or all(v == "NaN" for series in result for _, v in series["values"]), result
+            continue
         assert result, f"{title}/{ref}: no data over the storm: {expr}"
         peak = max((float(v) for series in result for _, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")),
                    default=0.0)

@@ -226,13 +226,14 @@ def test_counters_are_tagged_by_pool_in_prometheus(governor, sim):
 
 @native_only(PROMETHEUS_LABELS)
 def test_counters_carry_pool_and_class_labels_in_prometheus_native(governor, sim):
-    """The native module's stats are families with real labels, no stats_tags needed."""
+    """The native module's stats are families with real labels, no stats_tags needed; the pool's
+    label has the name the wasm build's stats_tags give it (llm_pool)."""
     key = new_key()
     sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 1, "keys": [key]})
     assert send(governor.url, "openai", key).status_code == 429
 
     text = governor.prometheus()
-    pattern = r'^envoy_dynamicmodulescustom_llm_governor_upstream\{pool="openai",class="rate_limited"\} [1-9]\d*$'
+    pattern = r'^envoy_dynamicmodulescustom_llm_governor_upstream\{llm_pool="openai",class="rate_limited"\} [1-9]\d*$'
     assert re.search(pattern, text, re.M), (
         "\n".join(line for line in text.splitlines() if "llm_governor" in line) or "no llm_governor metrics"
     )

@@ -24,7 +24,8 @@ import pytest
 import requests
 
 from conftest import _register, _release, module_envoy
-from harness import NATIVE, PROMETHEUS_LABELS, REPO_ROOT, WASM_MODULE, Envoy, prometheus_series, wasm_only
+from harness import (NATIVE, NATIVE_PROMETHEUS_PREFIX, REPO_ROOT, WASM_MODULE, WASM_PROMETHEUS_PREFIX, Envoy,
+                     native_family, prometheus_series, wasm_only)
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -603,21 +604,33 @@ def exported_names(envoy: Envoy) -> set:
     return names
 
 
-@wasm_only(PROMETHEUS_LABELS + "; the shipped alerts are written against the wasm series")
 def test_alert_rules_use_series_envoy_exports(sim, governor):
-    # Envoy creates per-response-class cluster stats on first use.
+    # The rules read both builds' series (`<wasm> or <native>`): those of the artifact under
+    # test must be ones its Envoy exports, with, for native, the second label's value each
+    # selects (class="rate_limited"); the other build's are test_alerts.py's business.
+    # Envoy creates per-response-class cluster stats on first use (and the native module its
+    # labelled stats on its first stream).
     assert call(governor, "openai", new_key()).status_code == 200
     names = exported_names(governor)
     text = ALERTS.read_text()
     label_names = {"envoy_cluster_name", "envoy_response_code_class", "envoy_response_code"}
+    own, other = ((NATIVE_PROMETHEUS_PREFIX, WASM_PROMETHEUS_PREFIX) if NATIVE
+                  else (WASM_PROMETHEUS_PREFIX, NATIVE_PROMETHEUS_PREFIX))
     used = set(re.findall(r"\b((?:llm_governor|envoy)_[a-z0-9_]+)\b", text)) - label_names
-    assert any(n.startswith("llm_governor_pool_") for n in used), used
+    used = {n for n in used if not n.startswith(other)}
+    assert any(n.startswith(own) for n in used), used
     unknown = sorted(n for n in used if n not in names)
     assert not unknown, f"alerts.yaml names series Envoy does not export: {unknown}"
     assert "llm_pool" in text
     prom = governor.prometheus()
     for label in re.findall(r"\b(envoy_[a-z_]+)=", text):
         assert f"{label}=" in prom, f"alerts.yaml uses label {label}, which Envoy does not export"
+    if NATIVE:
+        selected = re.findall(rf"\b({NATIVE_PROMETHEUS_PREFIX}[a-z_]+)\{{([a-z]+=\"[a-z_]+\")\}}", text)
+        assert selected, "alerts.yaml selects no native family by its second label"
+        for name, matcher in selected:
+            assert re.search(rf'^{name}\{{llm_pool="openai",{re.escape(matcher)}\}} ', prom, re.M), (
+                f"alerts.yaml selects {name}{{{matcher}}}, which Envoy does not export")
 
 
 def documented_stats() -> dict:
@@ -672,5 +685,14 @@ def test_docs_describe_every_stat(governor):
         m for m in metrics if f"llm_governor.pool.<P>.{m}" not in doc or f"llm_governor_pool_{m}" not in doc
     ]
     assert not undocumented, f"docs/observability.md lacks the /stats or Prometheus name of: {undocumented}"
+    # The native build's names: the table of families with a second label names each family,
+    # its label and every value; the rest follow the rule the section states.
+    names = doc.split("### In the native build", 1)[1].split("\n## ", 1)[0]
+    assert f"`{NATIVE_PROMETHEUS_PREFIX}<stat>{{llm_pool=\"P\"}}`" in names, "no rule for the unlabelled families"
+    for m in metrics:
+        family, label = native_family(m)
+        if label:
+            row = re.search(rf"^\| `{NATIVE_PROMETHEUS_PREFIX}{family}` \| `{label[0]}` \|(.*)$", names, re.M)
+            assert row and f"`{label[1]}`" in row.group(1), f"docs/observability.md lacks the native name of {m}"
     for anchor in re.findall(r"docs/observability\.md#([a-z0-9-]+)", ALERTS.read_text()):
         assert f'id="{anchor}"' in doc, f"alerts.yaml points at #{anchor}, which docs/observability.md lacks"

@@ -2,7 +2,9 @@
 
 use super::abi::{self, Body, ConfigHandle, StatKind, StatOp, Stream};
 use llm_governor_core::config::Config;
-use llm_governor_core::metrics::{Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics};
+use llm_governor_core::metrics::{
+    Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics, POOL_LABEL,
+};
 use llm_governor_core::store::MemStore;
 use llm_governor_core::worker::StreamIo;
 use std::collections::HashMap;
@@ -69,7 +71,7 @@ impl Stats {
                     Kind::Gauge => StatKind::Gauge,
                     Kind::Histogram => StatKind::Histogram,
                 };
-                let labels: Vec<&str> = std::iter::once("pool")
+                let labels: Vec<&str> = std::iter::once(POOL_LABEL)
                     .chain(family.label.map(|(name, _)| name))
                     .collect();
                 let id = cfg.define(kind, family.name, &labels);

@@ -9,7 +9,7 @@
 //! - no tick: a worker that waits for time arms the module's timer thread (`timer`), which
 //!   commits to the scheduler of one of the worker's paused streams at the deadline; that
 //!   stream's `scheduled` hook runs the worker's `tick` on the worker's own thread;
-//! - stats are families with real labels (`pool`, `class`, `reason`, `dimension`);
+//! - stats are families with real labels (`llm_pool`, `class`, `reason`, `dimension`, `outcome`);
 //! - the fleet's service is called with HTTP callouts carrying gRPC (`fleet::grpc`): a stream's
 //!   own calls on its filter, the calls owed by no stream (commits after a stream's end) on the
 //!   configuration, from the main thread, through the config's scheduler.
