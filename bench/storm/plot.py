@@ -38,7 +38,8 @@ def timeline(rows: list, path: Path, bin_ms: int = BIN_MS):
         ax.fill_between(xs, [v * scale for v in rejected], step="post", color="#c44e52", alpha=0.8, label="429/s")
         ax.set_yscale("symlog", linthresh=10)
         ax.set_ylim(0, peak * 1.3)
-        label = (f"({r['config']}) {r['config_name']}\n{r['per_call']:.2f} req/call, "
+        artifact = f", {r['artifact']}" if r.get("artifact") else ""
+        label = (f"({r['config']}{artifact}) {r['config_name']}\n{r['per_call']:.2f} req/call, "
                  f"{r['completed']}/{r['calls']} done")
         ax.text(0.995, 0.93, label, transform=ax.transAxes, ha="right", va="top", fontsize=7.5,
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})

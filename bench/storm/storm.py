@@ -1,7 +1,7 @@
 """`make storm`: 429 storms through several gateway configurations, side by side.
 
     .venv/bin/python bench/storm/storm.py [--scenarios issue3,issue5,overnight,replay] [--configs abcdefg]
-                                          [--repeat N] [--no-plot]
+                                          [--repeat N] [--no-plot] [--artifact wasm,native]
     .venv/bin/python bench/storm/storm.py --scenarios issue3-failover,spendcap-failover
     .venv/bin/python bench/storm/storm.py --scenarios tpm,tpm-full --configs ead [--duration 150]
 
@@ -23,6 +23,11 @@ Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
 PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
 runs, every gateway restarted for each run.
+
+Artifacts (issue 23): every llm-governor configuration (e*, f, g, x-*) runs once per artifact of
+`--artifact` (default: $LLM_GOVERNOR_ARTIFACT, else wasm): `--artifact wasm,native` puts the
+proxy-wasm module's row and the dynamic module's (target/release/libllm_governor.so) side by
+side, labelled `(e, wasm)` and `(e, native)`; results.json records each run's `artifact`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -42,7 +48,7 @@ from storm_core import REPO_ROOT, analysis, gateways  # noqa: E402
 from storm_core.run import run_storm  # noqa: E402
 from storm_core.scenarios import SCENARIOS  # noqa: E402
 
-from harness import WASM_MODULE, Simulator  # noqa: E402
+from harness import ARTIFACTS, NATIVE_MODULE, WASM_MODULE, Simulator  # noqa: E402
 
 PUBLISHED = {  # the published replay's table (shared/seeds/002): requests, completed, rate, peak
     "immediate": (480, 0, 0.0, 480),
@@ -121,18 +127,30 @@ def storm_table(rows: list, config_order: tuple) -> str:
         columns = COLUMNS + [c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in rows)]
     by_config: dict = {}
     for r in rows:
-        by_config.setdefault(r["config"], []).append(r)
+        by_config.setdefault((r["config"], r.get("artifact")), []).append(r)
     lines = ["| config | runs | " + " | ".join(c[0] for c in columns) + " |",
              "|---|---:|" + "---:|" * len(columns)]
-    for key in sorted(by_config, key=lambda k: config_order.index(k) if k in config_order else len(config_order)):
+
+    def order(k: tuple) -> tuple:
+        config, artifact = k
+        return (config_order.index(config) if config in config_order else len(config_order),
+                ARTIFACTS.index(artifact) if artifact in ARTIFACTS else -1)
+
+    for key in sorted(by_config, key=order):
         runs = by_config[key]
         measured = [r for r in runs if "unavailable" not in r]
-        label = f"({key}) {runs[0]['config_name']}"
+        label = row_label(runs[0])
         if not measured:
             lines.append(f"| {label} | 0 | not run: {runs[0]['unavailable']} |" + " |" * (len(columns) - 1))
             continue
         lines.append(f"| {label} | {len(measured)} | " + " | ".join(cell(measured, c[1], c[2]) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def row_label(r: dict) -> str:
+    """`(e, native) Envoy + llm-governor (hold on)`; configurations without llm-governor `(a) ...`."""
+    artifact = f", {r['artifact']}" if r.get("artifact") else ""
+    return f"({r['config']}{artifact}) {r['config_name']}"
 
 
 def replay_table(rows: list) -> str:
@@ -150,7 +168,7 @@ def replay_table(rows: list) -> str:
     for r in rows:
         kind = "Strategy C fixed" if "-fixed-" in r["scenario"] else "obey retry-after-ms"
         style = r["scenario"].rsplit("-", 1)[1]
-        label = f"| {kind} (hint in {style}) | ({r['config']}) {r['config_name']} |"
+        label = f"| {kind} (hint in {style}) | {row_label(r)} |"
         if "unavailable" in r:
             lines.append(f"{label} not run: {r['unavailable']} | | | | |")
             continue
@@ -161,29 +179,32 @@ def replay_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def module_digest() -> str:
+def module_digest(module: Path = WASM_MODULE) -> str:
     try:
-        return hashlib.sha256(WASM_MODULE.read_bytes()).hexdigest()[:16]
+        return hashlib.sha256(module.read_bytes()).hexdigest()[:16]
     except OSError:
         return ""
 
 
-def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup) -> list:
-    """The storms of `batch`, one after the other, through one freshly started gateway `key`."""
-    gateway = gateways.make_gateway(key, sim, args.concurrency, backup=backup)
+def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup, artifact=None) -> list:
+    """The storms of `batch`, one after the other, through one freshly started gateway `key`
+    (llm-governor of `artifact` where it has one)."""
+    gateway = gateways.make_gateway(key, sim, args.concurrency, backup=backup, artifact=artifact)
+    shown = f"{key}, {gateway.artifact}" if gateway.artifact else key
     try:
         gateway.start()
     except gateways.GatewayUnavailable as err:
         reason = str(err).splitlines()[0]
-        print(f"({key}) {gateway.name}: not run: {reason}", flush=True)
+        print(f"({shown}) {gateway.name}: not run: {reason}", flush=True)
         return [{"scenario": s.name, "title": s.title, "config": key, "config_name": gateway.name,
-                 "repeat": rep, "unavailable": reason} for s in batch]
+                 "artifact": gateway.artifact, "repeat": rep, "unavailable": reason} for s in batch]
     out = []
     try:
         for storm in batch:
             t = time.time()
             r = run_storm(storm, gateway, sim, backup)
             r["repeat"] = rep
+            r["artifact"] = gateway.artifact
             out.append(r)
             split = ""
             if "backup_requests" in r:
@@ -192,13 +213,13 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup) -> 
                          f"{r['backup_429s']} 429s, {r['backup_late_429s']} after its first wave of "
                          f"{r['backup_first_wave']}; {r['backup_ok']} served by backup]")
             if "token_429s" in r:
-                print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']} of {r['calls']} calls "
+                print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']} of {r['calls']} calls "
                       f"completed, {r['upstream_requests']} provider requests, {r['token_429s']} token 429s "
                       f"({r['token_429s_after_60s']} at t >= 60 s), {r['client_local_429s']} local 429s, held "
                       f"{r['held']}, overshoot {r['overshoot_tokens']} tokens ({r['overshoot_requests']} requests) "
                       f"[{time.time() - t:.1f}s]", flush=True)
                 continue
-            print(f"[{rep + 1}/{args.repeat}] ({key}) {storm.name}: {r['completed']}/{r['calls']} completed, "
+            print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']}/{r['calls']} completed, "
                   f"{r['per_call']:.2f} req/call, {r['provider_429s']} provider 429s ({r['late_429s']} after "
                   f"the first wave of {r['first_wave']}), {r['client_429s']} seen by clients, "
                   f"p99 {r['p99_ms']} ms{split} [{time.time() - t:.1f}s]", flush=True)
@@ -218,7 +239,12 @@ def main() -> int:
                     help="seconds the looping clients of the token storms keep calling (default 150)")
     ap.add_argument("--only", default=None, help="comma-separated configuration keys (e-tpm-default,...): only these")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--artifact", default=os.environ.get("LLM_GOVERNOR_ARTIFACT") or "wasm",
+                    help="llm-governor's artifacts, comma-separated: wasm, native or wasm,native (one row each)")
     args = ap.parse_args()
+    artifacts = list(dict.fromkeys(a.strip() for a in args.artifact.split(",") if a.strip()))
+    if not artifacts or any(a not in ARTIFACTS for a in artifacts):
+        ap.error(f"--artifact {args.artifact!r}: want wasm, native or both, comma-separated")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +262,9 @@ def main() -> int:
               for s in storms}
     keys = list(dict.fromkeys(k for s in storms for k in wanted[s.name]))
     results: list = []
-    digest = module_digest()  # before any Envoy loads it: a rebuild during the run would show here
+    # Before any Envoy loads them: a rebuild during the run would show here.
+    digest = module_digest(WASM_MODULE) if "wasm" in artifacts else ""
+    native_digest = module_digest(NATIVE_MODULE) if "native" in artifacts else ""
     started = time.time()
     sim = Simulator().start()
     # The second provider of the failover storms, only when one is run.
@@ -248,8 +276,10 @@ def main() -> int:
                 # A storm with fresh_gateway gets a gateway of its own; the others share one.
                 shared = [s for s in mine if not s.fresh_gateway]
                 batches = ([shared] if shared else []) + [[s] for s in mine if s.fresh_gateway]
-                for batch in batches:
-                    results += run_batch(key, batch, rep, args, sim, backup)
+                # llm-governor's configurations once per artifact, one after the other.
+                for artifact in (artifacts if gateways.governed(key) else [None]):
+                    for batch in batches:
+                        results += run_batch(key, batch, rep, args, sim, backup, artifact)
     finally:
         sim.stop()
         if backup is not None:
@@ -257,7 +287,10 @@ def main() -> int:
 
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
             "argv": sys.argv[1:], "envoy_concurrency": args.concurrency, "litellm": gateways.litellm_version(),
-            "wasm_module": str(WASM_MODULE), "wasm_module_sha256": digest, "first_wave_gap_ms": analysis.FIRST_WAVE_GAP_MS}
+            "artifacts": artifacts,
+            "wasm_module": str(WASM_MODULE) if digest else "", "wasm_module_sha256": digest,
+            "native_module": str(NATIVE_MODULE) if native_digest else "", "native_module_sha256": native_digest,
+            "first_wave_gap_ms": analysis.FIRST_WAVE_GAP_MS}
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
 
     by_scenario: dict = {}
@@ -279,7 +312,8 @@ def main() -> int:
             path = plot.timeline([r for r in rows if r.get("repeat", 0) == 0], out / f"{name}.png")
             if path:
                 print(f"plot: {path}")
-    print(f"results: {out / 'results.json'} ({meta['seconds']} s, module {meta['wasm_module_sha256']})")
+    modules = ", ".join(f"{a} {meta[a + '_module_sha256']}" for a in artifacts)
+    print(f"results: {out / 'results.json'} ({meta['seconds']} s, modules: {modules})")
     return 0
 
 

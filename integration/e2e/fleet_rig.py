@@ -148,16 +148,18 @@ FLEET_HASH_KEY = "fleet-rig-shared-hash-key-0123456789"
 
 
 def fleet_envoy(plugin_config: dict, upstream_port: int, rls_port: int, concurrency: int = 1,
-                **kwargs) -> Envoy:
-    """An Envoy whose llm-governor calls the rate-limit service on rls_port."""
+                artifact: Optional[str] = None, **kwargs) -> Envoy:
+    """An Envoy whose llm-governor (of `artifact`; None: the environment's) calls the rate-limit
+    service on rls_port."""
     bootstrap = envoy_bootstrap(
         upstream_port,
         # (The native module reads the key from Envoy's environment; the wasm VM is given it.)
-        [governor_filter(plugin_config, host_env_keys=["LLM_GOVERNOR_HASH_KEY"])],
+        [governor_filter(plugin_config, artifact=artifact, host_env_keys=["LLM_GOVERNOR_HASH_KEY"])],
         extra_clusters=[rls_cluster(rls_port)],
     )
     kwargs.setdefault("env", {"LLM_GOVERNOR_HASH_KEY": FLEET_HASH_KEY})
-    return Envoy(plugin_config, upstream_port, concurrency=concurrency, bootstrap=bootstrap, **kwargs)
+    return Envoy(plugin_config, upstream_port, concurrency=concurrency, bootstrap=bootstrap, artifact=artifact,
+                 **kwargs)
 
 
 def limits_file(config: dict) -> str:

@@ -14,7 +14,9 @@ whose log shows a `[critical]` wasm line (or a caught bug of the native module) 
 One suite, two artifacts: LLM_GOVERNOR_ARTIFACT=wasm (default: the proxy-wasm module) or
 native (the Envoy dynamic module, target/release/libllm_governor.so). `governor_filter(...)`
 builds the filter entry of the artifact under test, and `Envoy.stat()` takes the wasm stat name
-(`llm_governor.pool.<pool>.<stat>`) and reads the native module's labelled stat for it.
+(`llm_governor.pool.<pool>.<stat>`) and reads the native module's labelled stat for it. A
+benchmark that compares the two in one process passes `artifact="wasm"|"native"` to `Envoy`,
+`governor_filter` and `failover_bootstrap` instead (None: the environment's).
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ if ARTIFACT not in ("wasm", "native"):
     raise RuntimeError(f"LLM_GOVERNOR_ARTIFACT={ARTIFACT!r}: want wasm or native")
 NATIVE = ARTIFACT == "native"
 GOVERNOR_MODULE = NATIVE_MODULE if NATIVE else WASM_MODULE
+ARTIFACTS = ("wasm", "native")
+
+
+def artifact_of(artifact: Optional[str]) -> str:
+    """`artifact`, checked, or the environment's (LLM_GOVERNOR_ARTIFACT) when None."""
+    artifact = artifact or ARTIFACT
+    if artifact not in ARTIFACTS:
+        raise ValueError(f"artifact {artifact!r}: want wasm or native")
+    return artifact
+
+
+def module_of(artifact: Optional[str]) -> Path:
+    """The built module of an artifact (LLM_GOVERNOR_WASM / LLM_GOVERNOR_NATIVE override them)."""
+    return NATIVE_MODULE if artifact_of(artifact) == "native" else WASM_MODULE
 
 READY_TIMEOUT_S = 20.0
 STATS_TAGS = [{"tag_name": "llm_pool", "regex": r"^wasmcustom\.llm_governor\.pool\.((.+?)\.)"}]
@@ -274,10 +290,11 @@ def native_filter(plugin_config: Union[dict, str], name: str = "llm_governor") -
     }
 
 
-def governor_filter(plugin_config: Union[dict, str], **wasm_args: Any) -> dict:
-    """The filter entry of the artifact under test (wasm_args: `wasm_filter`'s, which a dynamic
-    module has no equivalent of: it never rewrites a pause, and cannot fail open or closed)."""
-    if NATIVE:
+def governor_filter(plugin_config: Union[dict, str], artifact: Optional[str] = None, **wasm_args: Any) -> dict:
+    """The filter entry of the artifact under test, or of `artifact` (wasm_args: `wasm_filter`'s,
+    which a dynamic module has no equivalent of: it never rewrites a pause, and cannot fail open
+    or closed)."""
+    if artifact_of(artifact) == "native":
         return native_filter(plugin_config)
     return wasm_filter(plugin_config, **wasm_args)
 
@@ -487,12 +504,13 @@ def failover_bootstrap(
     plugin_config: dict,
     backup_pools: tuple = ("openai-backup",),
     backup_key: str = "sk-backup-injected",
+    artifact: Optional[str] = None,
 ) -> dict:
     """envoy_bootstrap with llm-governor plus a `backup` cluster on backup_port, routed on
     `x-llm-governor-pool: <pool>` for each of backup_pools, with the backup's credential
     injected (as `x-api-key`) and the client's own credential headers removed, as
     envoy/failover.yaml does."""
-    boot = envoy_bootstrap(primary_port, [governor_filter(plugin_config)])
+    boot = envoy_bootstrap(primary_port, [governor_filter(plugin_config, artifact=artifact)])
     clusters = boot["static_resources"]["clusters"]
     backup = copy.deepcopy(clusters[0])
     backup["name"] = backup["load_assignment"]["cluster_name"] = "backup"
@@ -587,7 +605,7 @@ class Envoy:
         upstream_port: int,
         concurrency: int = 2,
         allow_on_headers_stop_iteration: bool = True,
-        module: Union[str, Path] = GOVERNOR_MODULE,
+        module: Union[str, Path, None] = None,
         envoy_bin: Optional[str] = None,
         log_level: str = "info",
         extra_args: Optional[list] = None,
@@ -598,11 +616,18 @@ class Envoy:
         prefix: Optional[list] = None,
         stop_grace_s: float = 5.0,
         env: Optional[dict] = None,
+        artifact: Optional[str] = None,
     ):
         """prefix: a command Envoy's command line runs under (benchmarks: `taskset -c 0`, valgrind;
         both exec Envoy, so the pid stays Envoy's). bootstrap: a dict (written as JSON) or YAML text (written verbatim), replacing the
         generated one. access_log_format: log every request to `access_log_path` in the workdir
-        (dict: JSON lines, str: text format); read it back with access_log_lines()."""
+        (dict: JSON lines, str: text format); read it back with access_log_lines(). artifact:
+        "wasm" or "native" (None: LLM_GOVERNOR_ARTIFACT's); module: its build (None: the
+        artifact's). A bootstrap given whole must carry the same artifact's filter."""
+        self.artifact = artifact_of(artifact)
+        self.native = self.artifact == "native"
+        if module is None:
+            module = module_of(self.artifact)
         self.plugin_config = plugin_config
         self.upstream_port = upstream_port
         self.concurrency = concurrency
@@ -613,7 +638,7 @@ class Envoy:
         self.prefix = list(prefix or [])
         self.stop_grace_s = stop_grace_s
         self.env = dict(env or {})
-        if NATIVE:
+        if self.native:
             # Where Envoy finds `llm_governor` (libllm_governor.so), as the contract loads it.
             self.env.setdefault("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(self.module.parent))
         self.base_id = next(_base_ids)
@@ -629,7 +654,7 @@ class Envoy:
         if bootstrap is None:
             filters = []
             if plugin_config is not None:
-                if NATIVE:
+                if self.native:
                     filters.append(native_filter(plugin_config))
                 else:
                     filters.append(
@@ -804,7 +829,7 @@ class Envoy:
         `wasmcustom.` (wasm), or as the native module's labelled stat for it (native)."""
         full = name
         if name.startswith("llm_governor.pool."):
-            if NATIVE:
+            if self.native:
                 pool, stat = name[len("llm_governor.pool."):].split(".", 1)
                 full = native_stat_name(pool, stat)
             else:
@@ -814,7 +839,7 @@ class Envoy:
     def governor_stats(self) -> dict:
         """Every llm-governor stat by its wasm name (`wasmcustom.llm_governor.pool.<pool>.<stat>`),
         whichever artifact runs: for native, each labelled stat under the name it has in wasm."""
-        if not NATIVE:
+        if not self.native:
             return self.stats(filter_regex=r"^wasmcustom\.llm_governor\.")
         out = {}
         for name, value in self.stats(filter_regex=r"^dynamicmodulescustom\.llm_governor\.").items():

@@ -1,9 +1,11 @@
 """What stands between the clients and the provider: configurations (a) to (g), and for the
 failover storms (issue 9) (e-fo) and (d-fo), which also reach a second provider.
 
-Envoy, its bootstrap and the wasm filter entry are the e2e harness's (integration/e2e/harness.py);
+Envoy, its bootstrap and the filter entry are the e2e harness's (integration/e2e/harness.py);
 only the route retry policy of (b) and (c) and the fallback cluster and route of (e-fo) are
-added here.
+added here. Every llm-governor configuration (e*, f, g, x-*) runs the artifact it is given,
+"wasm" or "native" (issue 23), or the environment's (LLM_GOVERNOR_ARTIFACT); its `artifact`
+says which (None for the configurations without llm-governor).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from harness import (Envoy, HarnessError, Simulator, terminate, wait_http_ok, envoy_bootstrap, failover_bootstrap,
-                     free_port)
+from harness import (Envoy, HarnessError, Simulator, artifact_of, terminate, wait_http_ok, envoy_bootstrap,
+                     failover_bootstrap, free_port)
 
 from . import REPO_ROOT
 from .scenarios import MODEL
@@ -82,6 +84,7 @@ CONFIG_NAMES = {
     "x-fleet": "3 Envoys, LB 60/30/10, fleet limits (Limitador-compatible service on Redis)",
     "x-fleet-m": "3 Envoys, LB 60/30/10, fleet limits, the limits file's window 1 s longer than the provider's",
     "x-fleet-free": "3 Envoys, LB 60/30/10, fleet limits far above the provider's (only cooldowns act)",
+    "x-litellm": "3 LiteLLM proxies, LB 60/30/10, the deployment's rpm 90 / tpm 60,000 shared on one Redis",
 }
 
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
@@ -127,6 +130,7 @@ class GatewayUnavailable(RuntimeError):
 
 class Gateway:
     key = ""
+    artifact: Optional[str] = None  # "wasm" or "native" for llm-governor's configurations
 
     @property
     def name(self) -> str:
@@ -189,17 +193,22 @@ class EnvoyGateway(Gateway):
     (g): Envoy with llm-governor;
     (e-fo): llm-governor with a fallback pool on a second cluster (needs `backup`)."""
 
-    def __init__(self, key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None):
+    def __init__(self, key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None,
+                 artifact: Optional[str] = None):
         self.key = key
+        self.artifact = artifact_of(artifact) if governed(key) else None
         self.has_backup = key in FAILOVER_CONFIGS
         if self.has_backup:
             if backup is None:
                 raise ValueError(f"({key}) needs a second simulator")
             # The harness's, as envoy/failover.yaml routes it (the backup's key injected).
-            boot = failover_bootstrap(sim.port, backup.port, FAILOVER_CONFIGS[key], backup_key=BACKUP_KEY)
-            self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
+            boot = failover_bootstrap(sim.port, backup.port, FAILOVER_CONFIGS[key], backup_key=BACKUP_KEY,
+                                      artifact=self.artifact)
+            self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot,
+                               artifact=self.artifact)
         elif key in GOVERNOR_CONFIGS:
-            self.envoy = Envoy(GOVERNOR_CONFIGS[key], upstream_port=sim.port, concurrency=concurrency)
+            self.envoy = Envoy(GOVERNOR_CONFIGS[key], upstream_port=sim.port, concurrency=concurrency,
+                               artifact=self.artifact)
         else:
             boot = retry_bootstrap(sim.port, rate_limited_back_off=(key == "c"))
             self.envoy = Envoy(None, upstream_port=sim.port, concurrency=concurrency, bootstrap=boot)
@@ -256,20 +265,26 @@ class LiteLLMGateway(Gateway):
     UPSTREAM_KEY = "sk-storm-litellm"
     BACKUP_KEY = "sk-storm-litellm-backup"
 
-    def __init__(self, key: str, sim: Simulator, ready_timeout_s: float = 90.0, backup: Optional[Simulator] = None):
+    def __init__(self, key: str, sim: Simulator, ready_timeout_s: float = 90.0, backup: Optional[Simulator] = None,
+                 deployment: Optional[dict] = None, router_settings: Optional[dict] = None,
+                 master_key: Optional[str] = None):
+        """deployment: more `litellm_params` of the (first) deployment; router_settings: more
+        `router_settings`; master_key: the key clients present (instances of one fleet share it)."""
         self.key = key
         self.sim = sim
         self.backup = backup if key == "d-fo" else None
         if key == "d-fo" and backup is None:
             raise ValueError(f"({key}) needs a second simulator")
-        self.max_parallel = LITELLM_MAX_PARALLEL[key]
+        self.max_parallel = LITELLM_MAX_PARALLEL.get(key)
+        self.deployment = dict(deployment or {})
+        self.router_settings = dict(router_settings or {})
         self.ready_timeout_s = ready_timeout_s
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.workdir = Path(tempfile.mkdtemp(prefix="storm-litellm-"))
         self.log_path = self.workdir / "litellm.log"
         # LiteLLM refuses to start without a master key; clients present it.
-        self.master_key = "sk-storm-master-" + uuid.uuid4().hex
+        self.master_key = master_key or "sk-storm-master-" + uuid.uuid4().hex
 
     def client_key(self, fresh: str) -> str:
         return self.master_key
@@ -284,6 +299,7 @@ class LiteLLMGateway(Gateway):
         params = {"model": f"openai/{MODEL}", "api_base": self.sim.url + "/v1", "api_key": self.UPSTREAM_KEY}
         if self.max_parallel is not None:
             params["max_parallel_requests"] = self.max_parallel
+        params.update(self.deployment)
         model_list = [{"model_name": MODEL, "litellm_params": params}]
         if self.backup is not None:
             model_list.append({"model_name": MODEL, "litellm_params": {
@@ -291,7 +307,7 @@ class LiteLLMGateway(Gateway):
         return {
             "model_list": model_list,
             "litellm_settings": {"num_retries": 3, "request_timeout": 30, "telemetry": False},
-            "router_settings": {"num_retries": 3},
+            "router_settings": {"num_retries": 3, **self.router_settings},
             "general_settings": {"master_key": self.master_key},
         }
 
@@ -356,10 +372,11 @@ class FleetGateway(Gateway):
     balances 60/30/10 (weighted clusters); for (x-fleet) a Redis and two Limitador-compatible
     services on it (integration/limitador-rls), Envoys 1 and 3 asking one, Envoy 2 the other."""
 
-    def __init__(self, key: str, sim: Simulator):
+    def __init__(self, key: str, sim: Simulator, artifact: Optional[str] = None):
         from fleet_rig import Redis, RlsService, fleet_envoy
 
         self.key = key
+        self.artifact = artifact_of(artifact)
         self.sim = sim
         self.config = FLEET_CONFIGS[key]
         self.redis = Redis() if key.startswith("x-fleet") else None
@@ -377,10 +394,11 @@ class FleetGateway(Gateway):
                 self.redis.start()
                 self.services = [RlsService(self.redis, self.limits).start() for _ in range(2)]
                 ports = [self.services[i % 2].port for i in range(3)]
-                self.replicas = [fleet_envoy(self.config, self.sim.port, p, concurrency=1).start() for p in ports]
+                self.replicas = [fleet_envoy(self.config, self.sim.port, p, concurrency=1,
+                                             artifact=self.artifact).start() for p in ports]
             else:
-                self.replicas = [Envoy(self.config, upstream_port=self.sim.port, concurrency=1).start()
-                                 for _ in range(3)]
+                self.replicas = [Envoy(self.config, upstream_port=self.sim.port, concurrency=1,
+                                       artifact=self.artifact).start() for _ in range(3)]
             self.lb = Envoy(None, upstream_port=self.sim.port, concurrency=1,
                             bootstrap=lb_bootstrap([e.port for e in self.replicas])).start()
         except HarnessError as err:
@@ -408,13 +426,74 @@ class FleetGateway(Gateway):
             if not e.running:
                 continue
             stats = e.stats()
-            for k, v in stats.items():
+            for k, v in e.governor_stats().items():  # by wasm name, for either artifact
                 if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES):
                     out[k[len(prefix):]] = out.get(k[len(prefix):], 0) + v
             n = stats.get("cluster.provider.upstream_rq_total", 0)
             out[f"replica{i + 1}.upstream_rq_total"] = n
             out["upstream_rq_total"] = out.get("upstream_rq_total", 0) + n
         return out
+
+
+class LiteLLMFleetGateway(Gateway):
+    """(x-litellm): three LiteLLM proxies (one worker each) behind the same 60/30/10 Envoy
+    balancer as the Envoy fleet, sharing one Redis the way LiteLLM's docs say to share a
+    deployment's rpm/tpm across instances: `router_settings.redis_host` / `redis_port` and the
+    deployment's `rpm` and `tpm` (litellm_params). The provider allows 30 requests per 20 s;
+    LiteLLM counts rpm per clock minute (router_strategy/lowest_tpm_rpm_v2.py keys its counters
+    `<id>:<model>:rpm:%H-%M`), so the deployment gets the same rate per minute, 90, and the
+    provider's 60,000 tpm. The counters are enforced before a call by `usage-based-routing-v2`
+    (its `async_pre_call_check` increments the Redis counter and raises a 429 over the limit);
+    the default `simple-shuffle` only uses rpm/tpm as weights. num_retries: 3 as in (d)."""
+
+    key = "x-litellm"
+
+    def __init__(self, key: str, sim: Simulator):
+        from fleet_rig import Redis
+
+        self.key = key
+        self.sim = sim
+        self.redis = Redis()
+        master = "sk-storm-master-" + uuid.uuid4().hex
+        router = {"routing_strategy": "usage-based-routing-v2",
+                  "redis_host": "127.0.0.1", "redis_port": self.redis.port}
+        deployment = {"rpm": FLEET_RPM, "tpm": FLEET_TPM}
+        self.proxies = [LiteLLMGateway("d", sim, deployment=deployment, router_settings=router, master_key=master)
+                        for _ in range(3)]
+        self.lb: Optional[Envoy] = None
+
+    def client_key(self, fresh: str) -> str:
+        return self.proxies[0].master_key
+
+    def upstream_key(self, client_key: str) -> str:
+        return LiteLLMGateway.UPSTREAM_KEY
+
+    def start(self) -> "LiteLLMFleetGateway":
+        try:
+            self.redis.start()
+            for p in self.proxies:
+                p.start()
+            self.lb = Envoy(None, upstream_port=self.sim.port, concurrency=1,
+                            bootstrap=lb_bootstrap([p.port for p in self.proxies])).start()
+        except (HarnessError, GatewayUnavailable) as err:
+            self.stop()
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def stop(self) -> None:
+        if self.lb is not None:
+            self.lb.stop(check=False)
+            self.lb.cleanup()
+        for p in self.proxies:
+            p.stop()
+        self.redis.stop()
+
+    def base_url(self) -> str:
+        assert self.lb is not None
+        return self.lb.url + "/v1"
+
+    def info(self) -> dict:
+        return {"version": litellm_version()}
 
 
 def lb_bootstrap(ports: list) -> dict:
@@ -434,14 +513,24 @@ def lb_bootstrap(ports: list) -> dict:
     return boot
 
 
-def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None) -> Gateway:
-    """backup: the second provider, needed by (e-fo) and (d-fo) and ignored by the others."""
+def governed(key: str) -> bool:
+    """Whether configuration `key` runs llm-governor (and so has an artifact)."""
+    return key in GOVERNOR_CONFIGS or key in FAILOVER_CONFIGS or key in FLEET_CONFIGS
+
+
+def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None,
+                 artifact: Optional[str] = None) -> Gateway:
+    """backup: the second provider, needed by (e-fo) and (d-fo) and ignored by the others;
+    artifact: llm-governor's ("wasm" or "native"; None: LLM_GOVERNOR_ARTIFACT's), ignored by the
+    configurations without it."""
     if key not in CONFIG_NAMES:
         raise ValueError(f"unknown configuration {key!r}: one of {', '.join(CONFIG_NAMES)}")
     if key == "a":
         return Direct(sim)
+    if key == "x-litellm":
+        return LiteLLMFleetGateway(key, sim)
     if key in FLEET_CONFIGS:
-        return FleetGateway(key, sim)
+        return FleetGateway(key, sim, artifact=artifact)
     if key in LITELLM_MAX_PARALLEL:
         return LiteLLMGateway(key, sim, backup=backup)
-    return EnvoyGateway(key, sim, concurrency, backup=backup)
+    return EnvoyGateway(key, sim, concurrency, backup=backup, artifact=artifact)

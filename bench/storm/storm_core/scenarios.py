@@ -245,7 +245,8 @@ TPM_FULL = dataclasses.replace(
 # Issue 21: a fleet of three Envoys behind an uneven load balancer (60/30/10) in front of one
 # provider key that allows 30 requests per 20 s window (rejected ones counted) and 60,000 tokens
 # a minute. 30 SDK clients make 3 calls each over 1 s: 90 calls need at least three windows.
-FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m")
+# (x-litellm): three LiteLLM proxies sharing the deployment's rpm/tpm on one Redis (issue 21, item 7).
+FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m", "x-litellm")
 FLEET = Storm(
     name="fleet",
     title="fleet (issue 21): 3 Envoys, LB 60/30/10, 30 SDK clients x 3 calls, provider 30 req / 20 s "
