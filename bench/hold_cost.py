@@ -19,24 +19,32 @@ costs one look every 20 ms tick on its worker; nothing else runs).
 
     .venv/bin/python bench/hold_cost.py                # N = 1000, 10 s window
     .venv/bin/python bench/hold_cost.py --n 500 --window-s 5
+    .venv/bin/python bench/hold_cost.py --artifact wasm,native --runs 3   # issue 23: both, 3 runs
 
-Needs target/wasm32-wasip1/release/llm_governor.wasm (`make build`), target/release/llm-sim
-(`make sim`) and an Envoy ($ENVOY_BIN or scripts/ensure-envoy.sh).
+--artifact picks llm-governor's build: the proxy-wasm module, the Envoy dynamic module (native,
+target/release/libllm_governor.so) or both, one governor row each in every run (default:
+$LLM_GOVERNOR_ARTIFACT, else wasm). With --runs N every side is measured N times, each on a
+fresh Envoy, and a last table gives each figure as min–max (median) over the runs.
+
+Needs target/wasm32-wasip1/release/llm_governor.wasm (`make build`; native: `make build-native`),
+target/release/llm-sim (`make sim`) and an Envoy ($ENVOY_BIN or scripts/ensure-envoy.sh).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "e2e"))
 
-from harness import Envoy, Simulator, envoy_bootstrap  # noqa: E402
+from harness import ARTIFACTS, Envoy, Simulator, envoy_bootstrap, module_of  # noqa: E402
 
 KEY = "sk-hold-cost"
 HOLD_S = 60
@@ -96,63 +104,112 @@ def measure(envoy: Envoy, n: int, opened, window_s: float, request: bytes = REQU
             s.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--window-s", type=float, default=10.0)
-    args = ap.parse_args()
-    n = args.n
-
-    sim = Simulator().start()
-    try:
-        # Bare Envoy: N requests open at a provider that answers after HOLD_S.
-        sim.scenario({"mode": "ok", "latency_ms": HOLD_S * 1000})
-        with Envoy(None, upstream_port=sim.port, concurrency=1) as bare:
-            b = measure(bare, n, lambda: sim.requests().get("in_flight", 0) >= n, args.window_s)
+def one_run(sim: Simulator, n: int, window_s: float, artifacts: list) -> dict:
+    """Every side once: bare Envoy open upstream, bare Envoy paused, then llm-governor holding
+    for each artifact. Returns {side: figures}; a governor side also has `upstream`."""
+    out = {}
+    # Bare Envoy: N requests open at a provider that answers after HOLD_S.
+    sim.reset()
+    sim.scenario({"mode": "ok", "latency_ms": HOLD_S * 1000})
+    with Envoy(None, upstream_port=sim.port, concurrency=1) as bare:
+        out["open"] = measure(bare, n, lambda: sim.requests().get("in_flight", 0) >= n, window_s)
+    sim.reset()
+    sim.scenario({"mode": "ok"})
+    # Bare Envoy pausing N requests itself: the buffer filter waits for a last byte that
+    # never comes (content-length one more than what is sent).
+    buffer = {
+        "name": "envoy.filters.http.buffer",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                         "max_request_bytes": 1 << 20},
+    }
+    short = REQUEST.replace(f"content-length: {len(BODY)}".encode(), f"content-length: {len(BODY) + 1}".encode())
+    boot = envoy_bootstrap(sim.port, [buffer])
+    with Envoy(None, upstream_port=sim.port, concurrency=1, bootstrap=boot) as paused:
+        active = lambda: int(paused.stat("http.llm_gateway.downstream_rq_active") or 0) >= n  # noqa: E731
+        out["paused"] = measure(paused, n, active, window_s, request=short)
+    # The governor: N requests held through a cooldown of HOLD_S (hold.max_ms raised for it).
+    config = {
+        "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
+        "hold": {"max_ms": HOLD_S * 1000 + 30_000, "max_held": n + 10},
+    }
+    for artifact in artifacts:
         sim.reset()
         sim.scenario({"mode": "ok"})
-        # Bare Envoy pausing N requests itself: the buffer filter waits for a last byte that
-        # never comes (content-length one more than what is sent).
-        buffer = {
-            "name": "envoy.filters.http.buffer",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
-                             "max_request_bytes": 1 << 20},
-        }
-        short = REQUEST.replace(f"content-length: {len(BODY)}".encode(), f"content-length: {len(BODY) + 1}".encode())
-        boot = envoy_bootstrap(sim.port, [buffer])
-        with Envoy(None, upstream_port=sim.port, concurrency=1, bootstrap=boot) as paused:
-            active = lambda: int(paused.stat("http.llm_gateway.downstream_rq_active") or 0) >= n  # noqa: E731
-            p = measure(paused, n, active, args.window_s, request=short)
-        # The governor: N requests held through a cooldown of HOLD_S (hold.max_ms raised for it).
-        config = {
-            "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
-            "hold": {"max_ms": HOLD_S * 1000 + 30_000, "max_held": n + 10},
-        }
-        with Envoy(config, upstream_port=sim.port, concurrency=1) as gov:
+        with Envoy(config, upstream_port=sim.port, concurrency=1, artifact=artifact) as gov:
             sim.scenario({"mode": "rate_limited", "retry_after_s": HOLD_S + 20, "count": 1, "keys": [KEY]})
             s = socket.create_connection(("127.0.0.1", gov.port))
             s.sendall(REQUEST)
             s.recv(65536)  # the 429 that starts the cooldown
             s.close()
             held = lambda: int(gov.stat("llm_governor.pool.openai.held_requests") or 0) >= n  # noqa: E731
-            g = measure(gov, n, held, args.window_s)
-            upstream = len(sim.requests_for(KEY))
+            g = measure(gov, n, held, window_s)
+            g["upstream"] = len(sim.requests_for(KEY))
+        out[artifact] = g
+    return out
+
+
+def spread(values: list, fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    if len(values) == 1 or fmt.format(lo) == fmt.format(hi):
+        return fmt.format(lo)
+    return f"{fmt.format(lo)} – {fmt.format(hi)} ({fmt.format(statistics.median(values))})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--window-s", type=float, default=10.0)
+    ap.add_argument("--artifact", default=os.environ.get("LLM_GOVERNOR_ARTIFACT") or "wasm",
+                    help="llm-governor's artifacts, comma-separated: wasm, native or wasm,native")
+    ap.add_argument("--runs", type=int, default=1, help="measure every side this many times")
+    args = ap.parse_args()
+    n = args.n
+    artifacts = list(dict.fromkeys(a.strip() for a in args.artifact.split(",") if a.strip()))
+    if not artifacts or any(a not in ARTIFACTS for a in artifacts):
+        ap.error(f"--artifact {args.artifact!r}: want wasm, native or both, comma-separated")
+
+    names = {"open": "bare Envoy, N open upstream", "paused": "bare Envoy, N paused by its buffer filter",
+             **{a: f"llm-governor ({a}), N held" for a in artifacts}}
+    for a in artifacts:  # which build was measured (a rebuild during the run would not show)
+        module = module_of(a)
+        print(f"{a}: {module} sha256 {hashlib.sha256(module.read_bytes()).hexdigest()[:16]}")
+    runs = []
+    sim = Simulator().start()
+    try:
+        for i in range(args.runs):
+            run = one_run(sim, n, args.window_s, artifacts)
+            runs.append(run)
+            print(f"run {i + 1} of {args.runs}: {n} requests, Envoy --concurrency 1, {args.window_s:g} s window")
+            print("| side | RSS idle | RSS with N open | delta | per request | CPU while waiting |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for side, r in run.items():
+                print(f"| {names[side]} | {r['rss_idle'] / 2**20:.1f} MiB | {r['rss_loaded'] / 2**20:.1f} MiB "
+                      f"| {r['delta'] / 2**20:+.1f} MiB | {r['delta'] / n:,.0f} B | {r['cpu_cores'] * 100:.2f} % of a core |")
+            for a in artifacts:
+                g, b, p = run[a], run["open"], run["paused"]
+                print(f"({a}) held against open through bare Envoy: {(g['delta'] - b['delta']) / n:+,.0f} B per request")
+                print(f"({a}) module's own memory per held request (held against paused by Envoy): "
+                      f"{(g['delta'] - p['delta']) / n:,.0f} B (target <= 1024 B)")
+                print(f"({a}) CPU while {n} are held: {g['cpu_cores'] * 100:.2f} % of a core (target < 2 %)")
+                print(f"({a}) upstream requests for the held account: {g['upstream']} (the one 429 that started the cooldown)")
+            print(flush=True)
     finally:
         sim.stop()
 
-    per_held = (g["delta"] - p["delta"]) / n
-    print(f"{n} requests, Envoy --concurrency 1, {args.window_s:g} s window")
-    print("| side | RSS idle | RSS with N open | delta | per request | CPU while waiting |")
-    print("|---|---:|---:|---:|---:|---:|")
-    rows = (("bare Envoy, N open upstream", b), ("bare Envoy, N paused by its buffer filter", p),
-            ("llm-governor, N held", g))
-    for name, r in rows:
-        print(f"| {name} | {r['rss_idle'] / 2**20:.1f} MiB | {r['rss_loaded'] / 2**20:.1f} MiB "
-              f"| {r['delta'] / 2**20:+.1f} MiB | {r['delta'] / n:,.0f} B | {r['cpu_cores'] * 100:.2f} % of a core |")
-    print(f"held against open through bare Envoy: {(g['delta'] - b['delta']) / n:+,.0f} B per request")
-    print(f"module's own memory per held request (held against paused by Envoy): {per_held:,.0f} B (target <= 1024 B)")
-    print(f"CPU while {n} are held: {g['cpu_cores'] * 100:.2f} % of a core (target < 2 %)")
-    print(f"upstream requests for the held account: {upstream} (the one 429 that started the cooldown)")
+    if args.runs > 1:
+        print(f"over {args.runs} runs, min – max (median): {n} requests, Envoy --concurrency 1, {args.window_s:g} s window")
+        print("| side | RSS idle | delta with N open | per request | own per held request (vs paused) "
+              "| CPU while waiting | upstream requests |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for side in runs[0]:
+            col = lambda f: [f(r[side], r) for r in runs]  # noqa: E731
+            own = (spread(col(lambda g, r: (g["delta"] - r["paused"]["delta"]) / n), "{:+,.0f} B")
+                   if side in artifacts else "–")
+            ups = spread(col(lambda g, r: g["upstream"]), "{:.0f}") if side in artifacts else "–"
+            print(f"| {names[side]} | {spread(col(lambda g, r: g['rss_idle'] / 2**20), '{:.1f} MiB')} "
+                  f"| {spread(col(lambda g, r: g['delta'] / 2**20), '{:+.1f} MiB')} "
+                  f"| {spread(col(lambda g, r: g['delta'] / n), '{:,.0f} B')} | {own} "
+                  f"| {spread(col(lambda g, r: g['cpu_cores'] * 100), '{:.2f} %')} | {ups} |")
     return 0
 
 
