@@ -18,7 +18,10 @@ started gateways. The token storms (issue 12: tpm, tpm-full; a provider limit of
 per minute, 30 SDK clients calling in a loop for `--duration` s) run (e-tpm) llm-governor with
 `tokens_per_minute: 20000` reserving before the call (settled with the usage), (e-tpm-resv) the
 same with `settle: "reservation"`, (e-tpm-after) charging after the response (`reserve: false`),
-(a) and (d). `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
+(a) and (d). The fleet storms (issue 21: fleet, fleet-cooldown) run three Envoys behind a
+60/30/10 balancer (x-once, x-split, x-fleet, x-fleet-m, x-fleet-free) and (x-litellm) three
+LiteLLM proxies sharing the deployment's rpm/tpm on one Redis behind the same balancer.
+`--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
 PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
