@@ -2,24 +2,37 @@
 on it (the fixture in integration/limitador-rls, built on the `limitador` crate), and Envoys
 whose llm-governor shares budgets through them.
 
-    with Redis() as redis, RlsService(redis, limits) as rls:
+    with Redis() as redis, rls_service(redis, limits) as rls:
         envoys = [fleet_envoy(config, sim.port, rls.port) for _ in range(3)]
+
+With LLM_GOVERNOR_LIMITADOR_SERVER=/path/to/limitador-server, `rls_service` starts Kuadrant's
+own server (built by whoever runs the tests, outside this repository) instead of the fixture:
+same Redis, same limits file, loopback ports. That server has no Reserve / Commit and no fault
+injection; `REAL_SERVER` tells the tests which one they talk to.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
+import requests
 
 from harness import REPO_ROOT, Envoy, HarnessError, envoy_bootstrap, free_port, governor_filter, terminate
 
 RLS_BINARY = REPO_ROOT / "integration" / "limitador-rls" / "target" / "release" / "limitador-rls"
 RLS_CLUSTER = "llm_governor_ratelimit"
+# Kuadrant's limitador-server, when the run names one (README, "Fleet"): never built or shipped
+# by this repository.
+LIMITADOR_SERVER = Path(os.environ["LLM_GOVERNOR_LIMITADOR_SERVER"]) if os.environ.get("LLM_GOVERNOR_LIMITADOR_SERVER") else None
+REAL_SERVER = LIMITADOR_SERVER is not None
 
 
 def redis_server() -> str:
@@ -70,8 +83,6 @@ class Redis(_Process):
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
-                import socket
-
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(16).startswith(b"+PONG"):
@@ -120,6 +131,99 @@ class RlsService(_Process):
                 self.port = int(line.strip().rsplit(":", 1)[1])
                 return self
         raise HarnessError("limitador-rls did not say it listens")
+
+
+class LimitadorServer(_Process):
+    """One instance of Kuadrant's limitador-server on `redis` (plain `redis` storage, so several
+    instances share counters), with a limits file: gRPC (RLS) and its HTTP API on free loopback
+    ports, draft-03 rate-limit headers on, as envoy/fleet.yaml documents it."""
+
+    def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
+        if extra_args:
+            raise HarnessError(f"limitador-server has no fixture flags {extra_args}")
+        self.redis = redis
+        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-limitador-"))
+        self.limits_path = self.workdir / "limits.yaml"
+        self.limits_path.write_text(limits_yaml)
+        self.proc: Optional[subprocess.Popen] = None
+        self.port: Optional[int] = None
+        self.http_port: Optional[int] = None
+        self.log_path = self.workdir / "limitador.log"
+        self.paused = False
+
+    def command(self, port: int, http_port: int) -> list:
+        assert LIMITADOR_SERVER is not None
+        return [str(LIMITADOR_SERVER), "--rls-ip", "127.0.0.1", "--rls-port", str(port),
+                "--http-ip", "127.0.0.1", "--http-port", str(http_port),
+                "--rate-limit-headers", "DRAFT_VERSION_03", str(self.limits_path),
+                "redis", self.redis.url]
+
+    def start(self, port: int = 0) -> "LimitadorServer":
+        if LIMITADOR_SERVER is None or not os.access(LIMITADOR_SERVER, os.X_OK):
+            raise HarnessError(f"LLM_GOVERNOR_LIMITADOR_SERVER={LIMITADOR_SERVER}: not an executable")
+        self.port = port or free_port()
+        self.http_port = free_port()
+        self.log = open(self.log_path, "w")
+        # Its defaults also come from the environment (LIMITS_FILE, REDIS_URL, ENVOY_RLS_PORT,
+        # ...): it gets none of ours.
+        env = {"PATH": os.environ.get("PATH", ""), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        self.proc = subprocess.Popen(self.command(self.port, self.http_port), stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env)
+        # Ready when its HTTP API answers /status and the RLS port takes connections.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise HarnessError(f"limitador-server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    pass
+                if requests.get(f"http://127.0.0.1:{self.http_port}/status", timeout=1).status_code == 200:
+                    return self
+            except (OSError, requests.RequestException):
+                pass
+            time.sleep(0.05)
+        raise HarnessError(f"limitador-server did not listen: {self.log_path.read_text()[-2000:]}")
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers (a service slower than any timeout)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.proc is not None and self.paused:
+            self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> None:
+        self.resume()
+        super().stop()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def rls_service(redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
+    """The rate-limit service of a fleet test: Kuadrant's limitador-server when
+    LLM_GOVERNOR_LIMITADOR_SERVER names one, else the fixture."""
+    if REAL_SERVER:
+        return LimitadorServer(redis, limits_yaml, extra_args)
+    return RlsService(redis, limits_yaml, extra_args)
+
+
+def validate_limits(limits_yaml: str) -> str:
+    """`limitador-server --validate`: what the real server makes of a limits file (its parsed
+    limits as YAML); HarnessError with its message when it refuses the file."""
+    assert LIMITADOR_SERVER is not None
+    with tempfile.TemporaryDirectory(prefix="llm-governor-limits-") as d:
+        path = Path(d) / "limits.yaml"
+        path.write_text(limits_yaml)
+        done = subprocess.run([str(LIMITADOR_SERVER), "--validate", str(path)], capture_output=True,
+                              text=True, timeout=30, env={"PATH": os.environ.get("PATH", "")})
+    if done.returncode != 0:
+        raise HarnessError(f"limitador-server --validate refused the file: {done.stderr.strip()}")
+    return done.stdout
 
 
 def rls_cluster(port: int, name: str = RLS_CLUSTER) -> dict:
