@@ -158,9 +158,11 @@ def run_storm(envoy, sim) -> dict:
     sim.scenario({"mode": "quota", "keys": [quota]})
     _phase(envoy, 3, [("/v1/messages", quota)] * 2 + [("/v1/messages", anth)], counts)
     sim.scenario({"mode": "overloaded", "keys": [anth]})
-    # A tenant of their own: requests without x-tenant-id share the tenant bucket's key `-`,
-    # which the OpenAI client keeps empty here, so the 529s would hang on who wins its refills.
+    # Two clients under a tenant of their own, so the 529s never hang on who wins the refills
+    # of the tenant bucket's key `-`; two more without x-tenant-id share `-` with the OpenAI
+    # client and empty it, which is what makes the local `limit` answers.
     _phase(envoy, 4, [("/v1/messages", anth, {"x-stainless-read-timeout": "1", "x-tenant-id": "ops"})] * 2
+           + [("/v1/messages", anth, {"x-stainless-read-timeout": "1"})] * 2
            + [("/v1/chat/completions", oai)], counts)
     sim.scenario({})
     return counts
