@@ -66,7 +66,6 @@ pub mod grpc {
 
     /// gRPC status codes the host reports when the call fails below gRPC.
     pub const UNKNOWN: u32 = 2;
-    pub const RESOURCE_EXHAUSTED: u32 = 8;
     pub const INTERNAL: u32 = 13;
     pub const UNAVAILABLE: u32 = 14;
 
@@ -108,10 +107,8 @@ pub mod grpc {
         body: &'a [u8],
     ) -> ServiceReply<'a> {
         if let Some(code) = grpc_status {
-            match std::str::from_utf8(code)
-                .ok()
-                .and_then(|c| c.trim().parse::<u32>().ok())
-            {
+            let code = crate::time::whole_number(code.trim_ascii());
+            match code.and_then(|c| u32::try_from(c).ok()) {
                 Some(0) => {}
                 Some(code) => return ServiceReply::Failed(code),
                 None => return ServiceReply::Failed(UNKNOWN),

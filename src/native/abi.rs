@@ -99,11 +99,7 @@ fn lend(bytes: &[u8]) -> ModuleBuffer {
 /// A non-null `ptr` must point to `length` readable bytes that outlive `'a` (Envoy's buffers
 /// live until the hook returns; callers bound `'a` by it).
 unsafe fn bytes<'a>(ptr: *const u8, length: usize) -> &'a [u8] {
-    if ptr.is_null() || length == 0 {
-        &[]
-    } else {
-        std::slice::from_raw_parts(ptr, length)
-    }
+    list(ptr, length)
 }
 
 // Enum values of the ABI (C enums, passed as 32-bit integers).
@@ -567,6 +563,19 @@ impl Callout<'_> {
 }
 
 const CALLOUT_SUCCESS: u32 = 0;
+/// `http_callout_init_result` of a callout to a cluster Envoy does not have.
+pub const CALLOUT_NO_SUCH_CLUSTER: u32 = 2;
+
+/// Envoy's `http_callout_init_result` refusing a callout, for the log.
+pub fn callout_refusal(code: u32) -> &'static str {
+    match code {
+        1 => "missing required headers",
+        CALLOUT_NO_SUCH_CLUSTER => "no such cluster",
+        3 => "duplicate callout id",
+        4 => "cannot create the request (no healthy host?)",
+        _ => "refused",
+    }
+}
 /// `http_callout_result`: the answer came (whatever its status).
 const CALLOUT_ANSWERED: u32 = 0;
 

@@ -96,7 +96,7 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
                 body: &grpc::frame(&[]),
                 timeout_ms: 1000,
             });
-            if checked == Err(2) {
+            if checked == Err(abi::CALLOUT_NO_SUCH_CLUSTER) {
                 log::error!("llm_governor: {}", fleet::no_such_cluster(&f.cluster));
                 return None;
             }
@@ -473,7 +473,7 @@ impl Fleet {
             log::warn!(
                 "llm_governor: calling the fleet's rate-limit service on cluster {} failed ({})",
                 self.cluster,
-                callout_refusal(*why)
+                abi::callout_refusal(*why)
             );
         })
         .ok()
@@ -566,17 +566,6 @@ impl Answer {
             self.grpc_status.as_deref(),
             &self.body,
         )
-    }
-}
-
-/// Envoy's `http_callout_init_result`, for the log.
-fn callout_refusal(code: u32) -> &'static str {
-    match code {
-        1 => "missing required headers",
-        2 => "no such cluster",
-        3 => "duplicate callout id",
-        4 => "cannot create the request (no healthy host?)",
-        _ => "refused",
     }
 }
 
