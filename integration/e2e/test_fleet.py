@@ -211,6 +211,39 @@ def test_a_token_budget_with_concurrent_reservations_is_exact(fleet, sim):
     assert all(r.headers["x-llm-governor-source"] == "limit" for r in replies if r.status_code == 429)
 
 
+@fixture_only("Reserve / Commit")
+def test_what_the_service_says_of_each_commit_is_counted(fleet, sim):
+    """A stream's end owes the service a Commit, sent after the stream is gone: by the wasm
+    module from its root context, by the native one from the main thread, whose stats go
+    through the configuration. Each of these requests makes two calls of its own (the request
+    budget's ShouldRateLimit and the token budget's Reserve) and owes one Commit: all answered
+    OK, all counted (the commits on the `default` pool, as calls no request's pool owns)."""
+    envoy = fleet.envoys[2]
+
+    def ok() -> int:
+        return sum(int(envoy.stat(f"llm_governor.pool.{p}.fleet_calls_ok", 0)) for p in ("openai", "default"))
+
+    def settled() -> int:
+        last = ok()
+        for _ in range(50):  # earlier tests' commits may still be landing
+            time.sleep(0.2)
+            now = ok()
+            if now == last:
+                return now
+            last = now
+        return last
+
+    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    before = settled()
+    for _ in range(3):
+        assert post(envoy, tenant, key).status_code == 200
+    deadline = time.monotonic() + 5
+    while ok() < before + 9 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert settled() == before + 9
+    assert len(sim.requests_for(key)) == 3
+
+
 def test_a_fleet_refusal_with_a_short_wait_is_held_not_answered(simulator, sim):
     """A refusal whose wait fits the client's deadline is held (the service's wait), and the
     request goes once the fleet's window has room: here a 1-request-per-2-seconds budget."""

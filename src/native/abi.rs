@@ -154,6 +154,11 @@ extern "C" {
     fn envoy_dynamic_module_callback_http_filter_increment_gauge(e: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
     fn envoy_dynamic_module_callback_http_filter_decrement_gauge(e: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
     fn envoy_dynamic_module_callback_http_filter_record_histogram_value(e: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(cfg: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(cfg: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(cfg: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(cfg: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(cfg: *mut c_void, id: usize, labels: *mut ModuleBuffer, n: usize, value: u64) -> u32;
     fn envoy_dynamic_module_callback_http_filter_get_worker_index(e: *mut c_void) -> u32;
     fn envoy_dynamic_module_callback_http_get_headers_size(e: *mut c_void, map: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_headers(e: *mut c_void, map: u32, out: *mut EnvoyHeader) -> bool;
@@ -249,6 +254,24 @@ pub enum StatOp {
     Raise,
     Lower,
     Record,
+}
+
+/// A stat update callback: the filter's or the config's (same shape).
+type StatCall = unsafe extern "C" fn(*mut c_void, usize, *mut ModuleBuffer, usize, u64) -> u32;
+
+/// Move stat `id` (label values `labels`, at most two) through `call` on Envoy's object `on`.
+///
+/// # Safety
+/// `on` must be the object `call` takes, alive for the call, on a thread that may use it.
+unsafe fn write_stat(call: StatCall, on: *mut c_void, id: usize, labels: &[&str], value: u64) {
+    let mut values = [lend(b""), lend(b"")];
+    let n = labels.len().min(values.len());
+    for (slot, label) in values.iter_mut().zip(labels) {
+        *slot = lend(label.as_bytes());
+    }
+    // The label buffers outlive the call. A wrong id or label count is an error result,
+    // never a crash.
+    let _ = call(on, id, values.as_mut_ptr(), n, value);
 }
 
 /// Envoy's filter object of one stream. Made only by the hooks below from the pointer Envoy
@@ -466,11 +489,6 @@ impl Stream {
 
     /// Move a stat defined in `config_new` (`labels`: its label values, in order).
     pub fn stat(self, op: StatOp, id: usize, labels: &[&str], value: u64) {
-        let mut values = [lend(b""), lend(b"")];
-        let n = labels.len().min(values.len());
-        for (slot, label) in values.iter_mut().zip(labels) {
-            *slot = lend(label.as_bytes());
-        }
         let call = match op {
             StatOp::Increment => envoy_dynamic_module_callback_http_filter_increment_counter,
             StatOp::Set => envoy_dynamic_module_callback_http_filter_set_gauge,
@@ -478,9 +496,8 @@ impl Stream {
             StatOp::Lower => envoy_dynamic_module_callback_http_filter_decrement_gauge,
             StatOp::Record => envoy_dynamic_module_callback_http_filter_record_histogram_value,
         };
-        // SAFETY: a live filter object on its worker thread; the label buffers outlive the
-        // call. A wrong id or label count is an error result, never a crash.
-        let _ = unsafe { call(self.e(), id, values.as_mut_ptr(), n, value) };
+        // SAFETY: a live filter object on its worker thread.
+        unsafe { write_stat(call, self.e(), id, labels, value) }
     }
 }
 
@@ -609,6 +626,22 @@ impl MainThread {
                 self.raw.as_ptr(),
             )
         }
+    }
+
+    /// Move a stat for the configuration: what no stream is at hand to write (the answers
+    /// to the calls owed by no stream).
+    pub fn stat(&self, op: StatOp, id: usize, labels: &[&str], value: u64) {
+        let call = match op {
+            StatOp::Increment => envoy_dynamic_module_callback_http_filter_config_increment_counter,
+            StatOp::Set => envoy_dynamic_module_callback_http_filter_config_set_gauge,
+            StatOp::Raise => envoy_dynamic_module_callback_http_filter_config_increment_gauge,
+            StatOp::Lower => envoy_dynamic_module_callback_http_filter_config_decrement_gauge,
+            StatOp::Record => {
+                envoy_dynamic_module_callback_http_filter_config_record_histogram_value
+            }
+        };
+        // SAFETY: Envoy's config object, lent by a config hook on the main thread.
+        unsafe { write_stat(call, self.raw.as_ptr(), id, labels, value) }
     }
 }
 
@@ -920,7 +953,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 /// A call owed by no stream came back (or failed), on the main thread.
 #[no_mangle]
 extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
-    _cfg: *mut c_void,
+    cfg: *mut c_void,
     m: *const c_void,
     id: u64,
     result: u32,
@@ -930,12 +963,13 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     chunks_n: usize,
 ) {
     guarded("http_filter_config_http_callout_done", (), || {
-        // SAFETY: our module of the config; Envoy's lists for this hook.
-        let Some(module) = (unsafe { module(m) }) else {
+        // SAFETY: Envoy's config object and our module of it, on the main thread; Envoy's
+        // lists for this hook.
+        let (Some(raw), Some(module)) = (NonNull::new(cfg), unsafe { module(m) }) else {
             return;
         };
         let answer = unsafe { Answer::read(result, headers, n, chunks, chunks_n) };
-        module.owed_done(id, &answer);
+        module.owed_done(&MainThread { raw }, id, &answer);
     })
 }
 

@@ -1,6 +1,6 @@
 //! The pure core's traits implemented over the dynamic-module callbacks and process memory.
 
-use super::abi::{self, Body, ConfigHandle, StatKind, StatOp, Stream};
+use super::abi::{self, Body, ConfigHandle, MainThread, StatKind, StatOp, Stream};
 use llm_governor_core::config::Config;
 use llm_governor_core::metrics::{
     Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics, POOL_LABEL,
@@ -114,13 +114,31 @@ impl Stats {
 
     /// The sink for a call on stream `s` (Envoy finds the stats through the stream's filter).
     pub fn on(&self, s: Stream) -> Sink<'_> {
-        Sink { stats: self, s }
+        Sink {
+            stats: self,
+            to: To::Stream(s),
+        }
+    }
+
+    /// The sink for a call on the main thread, with no stream at hand (an owed call's answer).
+    pub fn on_main<'a>(&'a self, main: &'a MainThread) -> Sink<'a> {
+        Sink {
+            stats: self,
+            to: To::Main(main),
+        }
     }
 }
 
 pub struct Sink<'a> {
     stats: &'a Stats,
-    s: Stream,
+    to: To<'a>,
+}
+
+/// What Envoy writes a stat through: a stream's filter (its worker thread), or the config
+/// (the main thread).
+enum To<'a> {
+    Stream(Stream),
+    Main(&'a MainThread),
 }
 
 impl Sink<'_> {
@@ -128,9 +146,13 @@ impl Sink<'_> {
         let (Some(stat), Some(name)) = (stat, self.stats.pools.get(pool)) else {
             return;
         };
-        match stat.label {
-            Some(label) => self.s.stat(op, stat.id, &[name, label], value),
-            None => self.s.stat(op, stat.id, &[name], value),
+        let labels: &[&str] = match stat.label {
+            Some(label) => &[name, label],
+            None => &[name],
+        };
+        match self.to {
+            To::Stream(s) => s.stat(op, stat.id, labels, value),
+            To::Main(main) => main.stat(op, stat.id, labels, value),
         }
     }
 }

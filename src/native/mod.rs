@@ -518,13 +518,13 @@ impl Module {
                         out.push((callout, slot, call.seq));
                     }
                 }
-                None => self.owed_answer(slot, call.seq, ServiceReply::Failed(0)),
+                None => self.owed_answer(main, slot, call.seq, ServiceReply::Failed(0)),
             }
         }
     }
 
     /// On the main thread: an owed call came back.
-    fn owed_done(&self, callout: u64, answer: &Answer) {
+    fn owed_done(&self, main: &MainThread, callout: u64, answer: &Answer) {
         let Some(fleet) = &self.fleet else {
             return;
         };
@@ -533,20 +533,20 @@ impl Module {
             Some(out.swap_remove(at))
         });
         if let Some((_, slot, seq)) = found {
-            self.owed_answer(slot, seq, answer.reply());
+            self.owed_answer(main, slot, seq, answer.reply());
         }
     }
 
-    /// Tell worker `slot` what became of its owed call `seq`. No stream is at hand on the
-    /// main thread to write stats through: its counts are dropped (README, the native module).
-    fn owed_answer(&self, slot: usize, seq: u32, reply: ServiceReply) {
+    /// Tell worker `slot` what became of its owed call `seq`; its stats go through the
+    /// config, as no stream is at hand on the main thread.
+    fn owed_answer(&self, main: &MainThread, slot: usize, seq: u32, reply: ServiceReply) {
         let Some(s) = self.slots.get(slot) else {
             return;
         };
         if let Ok(mut st) = s.state.lock() {
             let mut lent = Lent {
                 store: adapters::store(),
-                metrics: &mut Discard,
+                metrics: &mut self.stats.on_main(main),
                 clock: &adapters::now_ms,
                 io: &mut llm_governor_core::effects::NoBodies,
             };
