@@ -96,18 +96,30 @@ class Redis(_Process):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class RlsService(_Process):
+class _LimitsService(_Process):
+    """A rate-limit service on `redis`: a work folder of its own holding its limits file and its
+    log (`name`.log), removed when a `with` block ends."""
+
+    def __init__(self, redis: Redis, limits_yaml: str, name: str):
+        self.redis = redis
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"llm-governor-{name}-"))
+        self.limits_path = self.workdir / "limits.yaml"
+        self.limits_path.write_text(limits_yaml)
+        self.log_path = self.workdir / f"{name}.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.port: Optional[int] = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class RlsService(_LimitsService):
     """One instance of the Limitador-compatible fixture on `redis`, with a limits file."""
 
     def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
-        self.redis = redis
-        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-rls-"))
-        self.limits_path = self.workdir / "limits.yaml"
-        self.limits_path.write_text(limits_yaml)
+        super().__init__(redis, limits_yaml, "rls")
         self.extra_args = list(extra_args or [])
-        self.proc: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
-        self.log_path = self.workdir / "rls.log"
 
     def start(self, port: int = 0) -> "RlsService":
         if not RLS_BINARY.exists():
@@ -133,7 +145,7 @@ class RlsService(_Process):
         raise HarnessError("limitador-rls did not say it listens")
 
 
-class LimitadorServer(_Process):
+class LimitadorServer(_LimitsService):
     """One instance of Kuadrant's limitador-server on `redis` (plain `redis` storage, so several
     instances share counters), with a limits file: gRPC (RLS) and its HTTP API on free loopback
     ports, draft-03 rate-limit headers on, as envoy/fleet.yaml documents it."""
@@ -141,14 +153,8 @@ class LimitadorServer(_Process):
     def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
         if extra_args:
             raise HarnessError(f"limitador-server has no fixture flags {extra_args}")
-        self.redis = redis
-        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-limitador-"))
-        self.limits_path = self.workdir / "limits.yaml"
-        self.limits_path.write_text(limits_yaml)
-        self.proc: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
+        super().__init__(redis, limits_yaml, "limitador")
         self.http_port: Optional[int] = None
-        self.log_path = self.workdir / "limitador.log"
         self.paused = False
 
     def command(self, port: int, http_port: int) -> list:
@@ -198,10 +204,6 @@ class LimitadorServer(_Process):
     def stop(self) -> None:
         self.resume()
         super().stop()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def rls_service(redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
