@@ -2,11 +2,13 @@
 stored, logged or exported"), and what the shipped access log records about each answer
 (docs/observability.md#access-logs).
 
-One run of the shipped envoy/envoy.yaml, with the wasm log at debug level, sends every kind of
-answer the governor gives (upstream rewrites of 429/503, local cooldown and quota answers, a held
+One run of the shipped envoy/envoy.yaml, with the module's log at debug level, sends every kind
+of answer the governor gives (upstream rewrites of 429/503, local cooldown and quota answers, a held
 request, a pass-through success) with distinctive credentials in each account header and in a
 Gemini `?key=` query. Then every output of the run is searched for them: Envoy's log, the
 access log, /stats, /stats/prometheus, the admin config dump, and what clients were sent back.
+For the native module the same file runs with its wasm filter swapped for the dynamic-module
+filter carrying the same configuration JSON.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import uuid
 from pathlib import Path
 
 import requests
+import yaml
 
 from conftest import _register, _release
-from harness import REPO_ROOT, WASM_MODULE, Envoy, wasm_only
+from harness import NATIVE, REPO_ROOT, WASM_MODULE, Envoy, native_filter
 
 SHIPPED_CONFIG = REPO_ROOT / "envoy" / "envoy.yaml"
 
@@ -36,7 +39,23 @@ def shipped_config_text(sim_port: int, access_log: Path) -> str:
     ]:
         assert text.count(old) == 1, f"envoy/envoy.yaml no longer has exactly one `{old}`"
         text = text.replace(old, new)
-    return text
+    return as_native(text) if NATIVE else text
+
+
+def as_native(text: str) -> str:
+    """The config with its wasm filter replaced by the dynamic-module filter, same JSON."""
+    boot = yaml.safe_load(text)
+    swapped = 0
+    for listener in boot["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                filters = f.get("typed_config", {}).get("http_filters", [])
+                for i, hf in enumerate(filters):
+                    if hf["name"] == "envoy.filters.http.wasm":
+                        filters[i] = native_filter(hf["typed_config"]["config"]["configuration"]["value"])
+                        swapped += 1
+    assert swapped == 1, f"envoy/envoy.yaml has {swapped} wasm filters, not one"
+    return yaml.safe_dump(boot)
 
 
 def secret(name: str) -> str:
@@ -44,7 +63,6 @@ def secret(name: str) -> str:
     return f"sk-{name}-SECRET{uuid.uuid4().hex}"
 
 
-@wasm_only("runs envoy/envoy.yaml, which loads the wasm module (with the wasm log at debug)")
 def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who_answered(sim):
     keys = {name: secret(name) for name in ("openai", "held", "anthropic", "azure", "gemini", "query", "plain")}
     # The secret the ids are keyed with, handed to the VM through the shipped config's
@@ -52,7 +70,7 @@ def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who
     keys["hash key"] = secret("hash-key")
     # Not via envoy_factory: the YAML must name the access-log file in this Envoy's workdir.
     envoy = Envoy({}, upstream_port=sim.port, concurrency=2, bootstrap="",
-                  extra_args=["--component-log-level", "wasm:debug"],
+                  extra_args=["--component-log-level", "dynamic_modules:debug" if NATIVE else "wasm:debug"],
                   env={"LLM_GOVERNOR_HASH_KEY": keys["hash key"]})
     envoy.bootstrap = shipped_config_text(sim.port, envoy.access_log_path)
     _register(envoy)
