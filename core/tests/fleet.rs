@@ -264,8 +264,8 @@ fn a_call_that_could_not_be_sent_is_a_failed_call() {
     assert_eq!(seq, calls(&headers(&mut h, 2, TENANT))[0].seq - 1);
 }
 
-/// Stream 1, whose client allows 30 s, refused by the fleet with a reset of `reset_s`: held.
-fn held_by_a_refusal(reset_s: u64) -> Host {
+#[test]
+fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
     let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
     let mut h = Host::new(&cfg);
     let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
@@ -275,16 +275,10 @@ fn held_by_a_refusal(reset_s: u64) -> Host {
         &mut h,
         1,
         seq,
-        ServiceReply::Message(&rls_answer(2, Some(reset_s))),
+        ServiceReply::Message(&rls_answer(2, Some(2))),
     );
     assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
     assert_eq!(h.worker.stage(1), Stage::Held);
-    h
-}
-
-#[test]
-fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
-    let mut h = held_by_a_refusal(2);
     h.advance(1999);
     assert!(h.tick_reactions().is_empty());
     h.advance(1);
@@ -303,7 +297,19 @@ fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
 #[test]
 fn a_refusal_in_a_windows_last_second_asks_again_no_sooner_than_the_floor() {
     // Limitador's reset is whole seconds, rounded down: 0 is "under a second".
-    let mut h = held_by_a_refusal(0);
+    let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
+    let mut h = Host::new(&cfg);
+    let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
+    let r = headers(&mut h, 1, &hs);
+    let seq = calls(&r)[0].seq;
+    let r = answer(
+        &mut h,
+        1,
+        seq,
+        ServiceReply::Message(&rls_answer(2, Some(0))),
+    );
+    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
+    assert_eq!(h.worker.stage(1), Stage::Held);
     for _ in 0..(fleet::MIN_WAIT_MS / 20 - 1) {
         h.advance(20);
         assert!(
