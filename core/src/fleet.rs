@@ -22,12 +22,6 @@ pub const RESERVATION_TTL_MS: u64 = 60_000;
 /// How long past `fleet.timeout_ms` the worker waits for an answer Envoy never delivered before
 /// it applies the fallback itself.
 pub const ANSWER_SLACK_MS: u64 = 50;
-/// The shortest wait a refusal of the service means. Limitador gives its reset in whole
-/// seconds, rounded down, so `0` means "under a second": a held request then asks again after
-/// this, not on the next tick (wasm: 20 ms) or as soon as the service answers (native: the
-/// timer has no tick), which made held requests ask ~50 and ~1,000 times a second in a
-/// window's last second.
-pub const MIN_WAIT_MS: u64 = 100;
 /// A key value longer than this goes to the service as its keyed id.
 const MAX_KEY_VALUE: usize = 256;
 

@@ -13,7 +13,7 @@ use crate::deadline;
 pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::{self, Ask, FleetCharge, Said, ServiceCall, ServiceReply};
+use crate::fleet::{Ask, FleetCharge, Said, ServiceCall, ServiceReply};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -756,7 +756,7 @@ impl Worker {
             if let Some((limit, wait_ms)) = over {
                 refused = Some(Blocked::Bucket {
                     limit,
-                    wait_ms: wait_ms.unwrap_or(default_ms).max(fleet::MIN_WAIT_MS),
+                    wait_ms: wait_ms.unwrap_or(default_ms).max(1),
                     remaining: 0,
                 });
             } else if !failed.is_empty() {

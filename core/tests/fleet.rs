@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use llm_governor_core::fleet::{self, Method, ServiceCall, ServiceReply};
+use llm_governor_core::fleet::{Method, ServiceCall, ServiceReply};
 use llm_governor_core::metrics::{Counter, Histogram};
 use llm_governor_core::worker::{Action, Effect, Reaction, Stage};
 
@@ -292,38 +292,6 @@ fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
         ServiceReply::Message(&rls_answer(1, None)),
     );
     assert!(r.effects.contains(&Effect::ResumeRequest));
-}
-
-#[test]
-fn a_refusal_in_a_windows_last_second_asks_again_no_sooner_than_the_floor() {
-    // Limitador's reset is whole seconds, rounded down: 0 is "under a second".
-    let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
-    let mut h = Host::new(&cfg);
-    let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
-    let r = headers(&mut h, 1, &hs);
-    let seq = calls(&r)[0].seq;
-    let r = answer(
-        &mut h,
-        1,
-        seq,
-        ServiceReply::Message(&rls_answer(2, Some(0))),
-    );
-    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
-    assert_eq!(h.worker.stage(1), Stage::Held);
-    for _ in 0..(fleet::MIN_WAIT_MS / 20 - 1) {
-        h.advance(20);
-        assert!(
-            h.tick_reactions().is_empty(),
-            "asked again before the floor"
-        );
-    }
-    h.advance(20);
-    let left = h.tick_reactions();
-    assert_eq!(
-        calls(&left[0].1).len(),
-        1,
-        "asks again at the floor: {left:?}"
-    );
 }
 
 const TPM: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50},
