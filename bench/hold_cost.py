@@ -18,8 +18,9 @@ the module's own part. RSS also moves with what an allocator already held when i
 it reuses before asking the kernel for more), so each side's heap is read too: Envoy's
 allocator's `allocated` bytes (admin /memory) idle and with N open, per request. The wasm
 module's own data is in the VM's linear memory, outside that heap; what the pure core keeps
-per held request (the same in both builds) is printed last, from bench/core-bench's held_bytes. The CPU is Envoy's CPU seconds per wall second while the requests wait (a held request
-costs one look every 20 ms tick on its worker; nothing else runs).
+per held request (the same in both builds) is printed last, from bench/core-bench's held_bytes.
+The CPU is Envoy's CPU seconds per wall second while the requests wait (a held request costs one
+look every 20 ms tick on its worker; nothing else runs).
 
     .venv/bin/python bench/hold_cost.py                # N = 1000, 10 s window
     .venv/bin/python bench/hold_cost.py --n 500 --window-s 5
@@ -167,11 +168,12 @@ def core_bytes_per_held(n: int):
     """What the pure core keeps per held request (bench/core-bench's held_bytes), or None."""
     root = Path(__file__).resolve().parent
     binary = root / ".target" / "release" / "held_bytes"
-    if not binary.exists():
-        built = subprocess.run(["cargo", "build", "--quiet", "--release", "--bin", "held_bytes"],
-                               cwd=root / "core-bench", env={**os.environ, "CARGO_TARGET_DIR": str(root / ".target")})
-        if built.returncode != 0:
-            return None
+    # Built every time (a no-op when current): a binary left from an older core would report
+    # that core's figure.
+    built = subprocess.run(["cargo", "build", "--quiet", "--release", "--bin", "held_bytes"],
+                           cwd=root / "core-bench", env={**os.environ, "CARGO_TARGET_DIR": str(root / ".target")})
+    if built.returncode != 0:
+        return None
     out = subprocess.run([str(binary), str(n)], capture_output=True, text=True)
     if out.returncode != 0:
         return None

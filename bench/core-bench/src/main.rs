@@ -68,12 +68,7 @@ struct Calls {
 }
 impl Calls {
     fn now(store: &CountingStore, metrics: &CountingMetrics, clock: &Cell<u64>) -> Calls {
-        Calls {
-            gets: store.gets.get(),
-            sets: store.sets.get(),
-            metrics: metrics.calls,
-            clock: clock.get(),
-        }
+        Calls { gets: store.gets.get(), sets: store.sets.get(), metrics: metrics.calls, clock: clock.get() }
     }
     fn since(self, before: Calls) -> Calls {
         Calls {
@@ -101,6 +96,7 @@ impl Calls {
     }
 }
 
+
 fn hotpath(cfg_json: &str, iterations: u64) {
     let cfg = match config::parse(cfg_json.as_bytes()) {
         Ok(c) => c,
@@ -109,13 +105,7 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             std::process::exit(2);
         }
     };
-    let mut worker = Worker::new(
-        Arc::new(Governor::new(
-            cfg,
-            llm_governor_core::keys::HashKey::from_words(1, 2),
-        )),
-        1,
-    );
+    let mut worker = Worker::new(Arc::new(Governor::new(cfg, llm_governor_core::keys::HashKey::from_words(1, 2))), 1);
     let store = CountingStore::default();
     let mut metrics = CountingMetrics::default();
     let resp = [
@@ -171,22 +161,12 @@ fn hotpath(cfg_json: &str, iterations: u64) {
             now_ms
         };
         let before = Calls::now(&store, &metrics, &clock);
-        let mut lent = Lent {
-            store: &store,
-            metrics: &mut metrics,
-            clock: &read,
-            io: &mut NoBodies,
-        };
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBodies };
         let id = i as u32;
         let go = request_path(&mut worker, id, &req_wires[(i % 1000) as usize], &mut lent);
         let middle = Calls::now(&store, &metrics, &clock);
         req_calls.add(middle.since(before));
-        let mut lent = Lent {
-            store: &store,
-            metrics: &mut metrics,
-            clock: &read,
-            io: &mut NoBodies,
-        };
+        let mut lent = Lent { store: &store, metrics: &mut metrics, clock: &read, io: &mut NoBodies };
         if go {
             forwarded += 1;
             response_path(&mut worker, id, &resp_wire, &mut lent);
