@@ -14,6 +14,7 @@ use crate::flow::Flow;
 use crate::headers::Headers;
 use crate::keys;
 use crate::policy::Governor;
+use crate::retry_after::Random;
 use crate::rls::{self, Code, Descriptor};
 
 /// How long the service holds a token reservation for a stream that never commits (Limitador
@@ -24,6 +25,41 @@ pub const RESERVATION_TTL_MS: u64 = 60_000;
 pub const ANSWER_SLACK_MS: u64 = 50;
 /// A key value longer than this goes to the service as its keyed id.
 const MAX_KEY_VALUE: usize = 256;
+/// While the service reports no wait, a held request it refused asks again after this long on
+/// average (`refusal_wait_ms`): the wasm host's tick.
+pub const REASK_MS: u64 = 20;
+
+/// How many of a request's `asks` (token budgets first) go out first. Reservations go first
+/// when other asks follow: a refusal gives a reservation back at no cost (a Commit of 0), where
+/// a hit `ShouldRateLimit` counted (or a token charge) is never given back. So the rest are
+/// asked only once no reservation was refused: a request the token budget turns away, and
+/// every ask again of a held one, costs the request budget nothing. All at once when nothing
+/// reserves, or everything does.
+pub(crate) fn first_stage(asks: &[Ask]) -> usize {
+    match asks.iter().take_while(|a| a.reserve).count() {
+        0 => asks.len(),
+        n => n,
+    }
+}
+
+/// The wait of a fleet refusal: the service's reset, or `default_ms` when it reports none.
+/// Limitador reports its reset in whole seconds rounded down, so in a window's last second it
+/// says 0; a wait under `REASK_MS` is drawn from [that wait or 1, 2 × REASK_MS) instead. A held
+/// request then asks about every REASK_MS, not as fast as the service answers (the native host
+/// has no tick to round a 1 ms wait up), and requests refused together do not ask again
+/// together, where checks that overlap could each pass (README, "Overshoot").
+pub(crate) fn refusal_wait_ms(
+    reported_ms: Option<u64>,
+    default_ms: u64,
+    rng: &mut dyn Random,
+) -> u64 {
+    let ms = reported_ms.unwrap_or(default_ms);
+    if ms >= REASK_MS {
+        return ms;
+    }
+    let low = ms.max(1);
+    low + (rng.unit().clamp(0.0, 1.0) * (2 * REASK_MS - low) as f64) as u64
+}
 
 /// The load-time refusal of a `fleet.cluster` Envoy lacks (both hosts ask Envoy at load).
 pub fn no_such_cluster(cluster: &str) -> String {

@@ -63,6 +63,8 @@ pub(crate) struct FleetWait {
     pub(crate) until_ms: u64,
     pub(crate) first_seq: u32,
     pub(crate) asks: Vec<Ask>,
+    /// How many of `asks` were sent: the first stage (`fleet::first_stage`), then all.
+    pub(crate) sent: usize,
     pub(crate) said: Vec<Option<Said>>,
 }
 

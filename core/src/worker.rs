@@ -13,7 +13,9 @@ use crate::deadline;
 pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::{Ask, FleetCharge, Said, ServiceCall, ServiceReply};
+use crate::fleet::{
+    first_stage, refusal_wait_ms, Ask, FleetCharge, Said, ServiceCall, ServiceReply,
+};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -195,7 +197,7 @@ impl Worker {
             return Reaction::none(); // late: the stream went on without it
         };
         let at = seq.wrapping_sub(w.first_seq) as usize;
-        if at >= w.asks.len() || w.said[at].is_some() {
+        if at >= w.sent || w.said[at].is_some() {
             return Reaction::none();
         }
         let said = self.gov.said(&w.asks[at], reply);
@@ -212,10 +214,14 @@ impl Worker {
             },
         );
         w.said[at] = Some(said);
-        if w.said.iter().all(Option::is_some) {
-            return self.fleet_decided(id, lent);
+        let stage = &w.said[..w.sent];
+        if !stage.iter().all(Option::is_some) {
+            return Reaction::none();
         }
-        Reaction::none()
+        if w.sent < w.asks.len() && !stage.iter().any(|s| matches!(s, Some(Said::Over { .. }))) {
+            return self.ask_rest(id, lent);
+        }
+        self.fleet_decided(id, lent)
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -538,7 +544,8 @@ impl Worker {
                 Some(Stream::ReplyPending { .. }) => self.send_pending(id),
                 // The service never answered within its timeout: the unanswered calls failed.
                 Some(Stream::AwaitingFleet(w)) => {
-                    let (pool, n) = (w.flow.pool, w.said.iter().filter(|s| s.is_none()).count());
+                    let sent = &w.said[..w.sent];
+                    let (pool, n) = (w.flow.pool, sent.iter().filter(|s| s.is_none()).count());
                     for _ in 0..n {
                         lent.metrics.count(pool, Counter::FleetErrors);
                     }
@@ -675,7 +682,8 @@ impl Worker {
         Reaction::new(effects, Action::Continue)
     }
 
-    /// Admitted locally: ask the fleet's service for every fleet limit, at once, and wait.
+    /// Admitted locally: ask the fleet's service for every fleet limit (the reservations
+    /// first when there are other asks, `fleet::first_stage`) and wait.
     #[inline(never)]
     fn ask_fleet(
         &mut self,
@@ -686,27 +694,54 @@ impl Worker {
         clock: &Clock,
     ) -> Reaction {
         let asks = self.gov.fleet_asks(&flow);
+        // Every ask's seq now: an answer's seq says which ask it is, whichever stage sent it.
         let first_seq = self.next_seq;
-        let effects = asks
-            .iter()
-            .map(|ask| {
-                let seq = next(&mut self.next_seq);
-                Effect::CallService(self.gov.ask_call(ask, seq))
-            })
-            .collect();
-        let now = clock.now();
-        let timeout = self.gov.cfg.fleet.as_ref().map_or(0, |f| f.timeout_ms);
-        let said = vec![None; asks.len()];
+        for _ in &asks {
+            next(&mut self.next_seq);
+        }
         let wait = FleetWait {
             flow,
             budget_ms,
             body_ended,
-            sent_ms: now,
-            until_ms: now + timeout + crate::fleet::ANSWER_SLACK_MS,
+            sent_ms: 0,
+            until_ms: 0,
             first_seq,
+            sent: 0,
+            said: vec![None; asks.len()],
             asks,
-            said,
         };
+        self.send_asks(id, wait, first_stage, clock.now())
+    }
+
+    /// Every reservation of the first stage was granted (or failed: the fallback decides it):
+    /// ask the rest.
+    fn ask_rest(&mut self, id: u32, lent: &mut Lent) -> Reaction {
+        let Some(Stream::AwaitingFleet(wait)) = self.take_stream(id) else {
+            return Reaction::none();
+        };
+        self.send_asks(id, wait, <[Ask]>::len, (lent.clock)())
+    }
+
+    /// Send the asks of `wait` from the first not sent up to `upto(asks)`, and wait for them
+    /// until the service's timeout (and the slack for an answer Envoy never delivers).
+    fn send_asks(
+        &mut self,
+        id: u32,
+        mut wait: FleetWait,
+        upto: fn(&[Ask]) -> usize,
+        now: u64,
+    ) -> Reaction {
+        let end = upto(&wait.asks);
+        let effects = (wait.sent..end)
+            .map(|i| {
+                let seq = wait.first_seq.wrapping_add(i as u32);
+                Effect::CallService(self.gov.ask_call(&wait.asks[i], seq))
+            })
+            .collect();
+        let timeout = self.gov.cfg.fleet.as_ref().map_or(0, |f| f.timeout_ms);
+        wait.sent = end;
+        wait.sent_ms = now;
+        wait.until_ms = now + timeout + crate::fleet::ANSWER_SLACK_MS;
         self.set(id, Stream::AwaitingFleet(wait));
         Reaction::new(effects, Action::Pause)
     }
@@ -756,7 +791,7 @@ impl Worker {
             if let Some((limit, wait_ms)) = over {
                 refused = Some(Blocked::Bucket {
                     limit,
-                    wait_ms: wait_ms.unwrap_or(default_ms).max(1),
+                    wait_ms: refusal_wait_ms(wait_ms, default_ms, env.rng),
                     remaining: 0,
                 });
             } else if !failed.is_empty() {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use llm_governor_core::fleet::{Method, ServiceCall, ServiceReply};
+use llm_governor_core::fleet::{self, Method, ServiceCall, ServiceReply};
 use llm_governor_core::metrics::{Counter, Histogram};
 use llm_governor_core::worker::{Action, Effect, Reaction, Stage};
 
@@ -294,6 +294,48 @@ fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
     assert!(r.effects.contains(&Effect::ResumeRequest));
 }
 
+/// Held after a refusal of `reset_s` with the worker drawing `u`: the ms until it asks again.
+fn asks_again_after(reset_s: u64, u: f64) -> u64 {
+    let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
+    let mut h = Host::new(&cfg);
+    h.rng.set(u);
+    let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
+    let r = headers(&mut h, 1, &hs);
+    let seq = calls(&r)[0].seq;
+    let r = answer(
+        &mut h,
+        1,
+        seq,
+        ServiceReply::Message(&rls_answer(2, Some(reset_s))),
+    );
+    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
+    for waited in 1..=60_000 {
+        h.advance(1);
+        let left = h.tick_reactions();
+        if !left.is_empty() {
+            assert_eq!(
+                calls(&left[0].1).len(),
+                1,
+                "released to ask the fleet again: {left:?}"
+            );
+            return waited;
+        }
+    }
+    panic!("never asked again");
+}
+
+#[test]
+fn a_refusal_with_no_wait_left_asks_again_after_a_jittered_reask_period() {
+    // Limitador's reset in whole seconds rounded down: 0 in a window's last second. Not at
+    // once (the native host has no tick to round 1 ms up), and spread over [1, 2 × REASK_MS) so
+    // requests refused together do not ask together.
+    assert_eq!(asks_again_after(0, 0.0), 1);
+    assert_eq!(asks_again_after(0, 0.5), 1 + 39 / 2);
+    assert_eq!(asks_again_after(0, 0.999_999), 2 * fleet::REASK_MS - 1);
+    // A reported wait is kept as it is.
+    assert_eq!(asks_again_after(2, 0.999_999), 2000);
+}
+
 const TPM: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50},
   "pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}],
   "limits": [{"name": "tpm", "key": "header:x-tenant-id", "tokens_per_minute": 100000, "scope": "fleet",
@@ -407,8 +449,8 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     assert_eq!(owed[0].method, Method::ShouldRateLimit);
 }
 
-/// A token budget and a request limit, both the fleet's: the two calls a request with a body
-/// makes (stream 3).
+/// A token budget and a request limit, both the fleet's: what a request with a body (stream
+/// 3) asks first.
 fn token_and_request_limits_asked() -> (Host, Vec<ServiceCall>) {
     let cfg = TPM.replace(
         r#""settle": "usage"}]"#,
@@ -420,14 +462,89 @@ fn token_and_request_limits_asked() -> (Host, Vec<ServiceCall>) {
 }
 
 #[test]
-fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
+fn the_request_limit_is_asked_only_once_the_token_budget_reserved() {
+    // A hit ShouldRateLimit counted is never given back; a reservation is (a Commit of 0).
     let (mut h, asked) = token_and_request_limits_asked();
-    assert_eq!(asked.len(), 2);
+    assert_eq!(asked.len(), 1, "{asked:?}");
     assert_eq!(
         asked[0].method,
         Method::Reserve,
         "token budgets are asked first"
     );
+    let r = answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&reserve_answer(1, "res-1")),
+    );
+    let then = calls(&r);
+    assert_eq!(then.len(), 1);
+    assert_eq!(then[0].method, Method::ShouldRateLimit);
+    assert!(contains(&then[0].message, b"rpm"));
+    assert_eq!(h.worker.stage(3), Stage::AwaitingFleet);
+    let r = answer(
+        &mut h,
+        3,
+        then[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    assert!(h.worker.take_owed().is_empty());
+}
+
+#[test]
+fn a_token_budget_s_refusal_charges_the_request_limit_nothing() {
+    let (mut h, asked) = token_and_request_limits_asked();
+    let r = answer(
+        &mut h,
+        3,
+        asked[0].seq,
+        ServiceReply::Message(&rls_answer(2, Some(4))),
+    );
+    assert!(
+        calls(&r).is_empty(),
+        "no ShouldRateLimit after a refusal: {r:?}"
+    );
+    assert_eq!(replied(&r).map(|x| x.status), Some(429));
+    assert!(
+        h.worker.take_owed().is_empty(),
+        "nothing was granted, nothing to release"
+    );
+}
+
+#[test]
+fn a_failed_reservation_still_asks_the_request_limit_and_falls_back_for_the_budget() {
+    let (mut h, asked) = token_and_request_limits_asked();
+    let r = answer(&mut h, 3, asked[0].seq, ServiceReply::Failed(14));
+    let then = calls(&r);
+    assert_eq!(then.len(), 1);
+    assert_eq!(then[0].method, Method::ShouldRateLimit);
+    let r = answer(
+        &mut h,
+        3,
+        then[0].seq,
+        ServiceReply::Message(&rls_answer(1, None)),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    assert_eq!(count(&h, Counter::FleetFallback), 1);
+    assert_eq!(count(&h, Counter::FleetErrors), 1);
+}
+
+#[test]
+fn a_first_stage_with_no_answer_by_the_timeout_asks_nothing_more() {
+    let (mut h, _asked) = token_and_request_limits_asked();
+    h.advance(50 + fleet::ANSWER_SLACK_MS);
+    let left = h.tick_reactions();
+    assert_eq!(left.len(), 1);
+    assert!(calls(&left[0].1).is_empty(), "{left:?}");
+    // One call was sent and failed; the request limit never asked falls back too.
+    assert_eq!(count(&h, Counter::FleetErrors), 1);
+    assert_eq!(count(&h, Counter::FleetFallback), 1);
+}
+
+#[test]
+fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
+    let (mut h, asked) = token_and_request_limits_asked();
     answer(
         &mut h,
         3,
@@ -443,7 +560,7 @@ fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
 #[test]
 fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
     let (mut h, asked) = token_and_request_limits_asked();
-    answer(
+    let r = answer(
         &mut h,
         3,
         asked[0].seq,
@@ -452,7 +569,7 @@ fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
     let r = answer(
         &mut h,
         3,
-        asked[1].seq,
+        calls(&r)[0].seq,
         ServiceReply::Message(&rls_answer(2, Some(3))),
     );
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
