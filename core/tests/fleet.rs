@@ -80,6 +80,12 @@ fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
     h.call(|w, lent| w.on_service_answer(Some(id), seq, reply, lent))
 }
 
+/// The service says OK to call `seq` of stream `id`, the last it waited for: the request goes.
+fn let_go_by(h: &mut Host, id: u32, seq: u32) {
+    let r = answer(h, id, seq, ServiceReply::Message(&rls_answer(1, None)));
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+}
+
 fn replied(r: &Reaction) -> Option<&llm_governor_core::reply::LocalReply> {
     r.effects.iter().find_map(|e| match e {
         Effect::SendReply(reply) => Some(reply),
@@ -119,13 +125,7 @@ fn a_fleet_limit_asks_the_service_with_the_contract_descriptor_and_goes_on_its_o
     );
     assert_eq!(h.worker.stage(7), Stage::AwaitingFleet);
 
-    let r = answer(
-        &mut h,
-        7,
-        asked[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
-    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    let_go_by(&mut h, 7, asked[0].seq);
     assert_eq!(h.worker.stage(7), Stage::Upstream);
     assert_eq!(count(&h, Counter::FleetCallsOk), 1);
     assert_eq!(h.metrics.fleet_call_ms.len(), 1);
@@ -285,13 +285,7 @@ fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
     let left = h.tick_reactions();
     let again = calls(&left[0].1);
     assert_eq!(again.len(), 1, "released to ask the fleet again: {left:?}");
-    let r = answer(
-        &mut h,
-        1,
-        again[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
-    assert!(r.effects.contains(&Effect::ResumeRequest));
+    let_go_by(&mut h, 1, again[0].seq);
 }
 
 /// Held after a refusal of `reset_s` with the worker drawing `u`: the ms until it asks again.
@@ -419,12 +413,7 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     let r = with_body(&mut h, 3);
     let asked = calls(&r);
     assert_eq!(asked[0].method, Method::ShouldRateLimit);
-    answer(
-        &mut h,
-        3,
-        asked[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
+    let_go_by(&mut h, 3, asked[0].seq);
     // It reserved more than the 30 it used: nothing is sent back (no refund).
     h.stream_response(3, 200, &[], USAGE);
     h.end_stream(3);
@@ -436,12 +425,7 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
         .replace("21", "4991");
     let r = with_body(&mut h, 4);
     let asked = calls(&r);
-    answer(
-        &mut h,
-        4,
-        asked[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
+    let_go_by(&mut h, 4, asked[0].seq);
     h.stream_response(4, 200, &[], &big);
     h.end_stream(4);
     let owed = h.worker.take_owed();
@@ -482,13 +466,7 @@ fn the_request_limit_is_asked_only_once_the_token_budget_reserved() {
     assert_eq!(then[0].method, Method::ShouldRateLimit);
     assert!(contains(&then[0].message, b"rpm"));
     assert_eq!(h.worker.stage(3), Stage::AwaitingFleet);
-    let r = answer(
-        &mut h,
-        3,
-        then[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
-    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    let_go_by(&mut h, 3, then[0].seq);
     assert!(h.worker.take_owed().is_empty());
 }
 
@@ -519,13 +497,7 @@ fn a_failed_reservation_still_asks_the_request_limit_and_falls_back_for_the_budg
     let then = calls(&r);
     assert_eq!(then.len(), 1);
     assert_eq!(then[0].method, Method::ShouldRateLimit);
-    let r = answer(
-        &mut h,
-        3,
-        then[0].seq,
-        ServiceReply::Message(&rls_answer(1, None)),
-    );
-    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    let_go_by(&mut h, 3, then[0].seq);
     assert_eq!(count(&h, Counter::FleetFallback), 1);
     assert_eq!(count(&h, Counter::FleetErrors), 1);
 }
