@@ -699,6 +699,7 @@ impl Worker {
         for _ in &asks {
             next(&mut self.next_seq);
         }
+        let end = first_stage(&asks);
         let wait = FleetWait {
             flow,
             budget_ms,
@@ -710,7 +711,7 @@ impl Worker {
             said: vec![None; asks.len()],
             asks,
         };
-        self.send_asks(id, wait, first_stage, clock.now())
+        self.send_asks(id, wait, end, clock.now())
     }
 
     /// Every reservation of the first stage was granted (or failed: the fallback decides it):
@@ -719,19 +720,13 @@ impl Worker {
         let Some(Stream::AwaitingFleet(wait)) = self.take_stream(id) else {
             return Reaction::none();
         };
-        self.send_asks(id, wait, <[Ask]>::len, (lent.clock)())
+        let end = wait.asks.len();
+        self.send_asks(id, wait, end, (lent.clock)())
     }
 
-    /// Send the asks of `wait` from the first not sent up to `upto(asks)`, and wait for them
-    /// until the service's timeout (and the slack for an answer Envoy never delivers).
-    fn send_asks(
-        &mut self,
-        id: u32,
-        mut wait: FleetWait,
-        upto: fn(&[Ask]) -> usize,
-        now: u64,
-    ) -> Reaction {
-        let end = upto(&wait.asks);
+    /// Send the asks of `wait` from the first not sent up to `end`, and wait for them until
+    /// the service's timeout (and the slack for an answer Envoy never delivers).
+    fn send_asks(&mut self, id: u32, mut wait: FleetWait, end: usize, now: u64) -> Reaction {
         let effects = (wait.sent..end)
             .map(|i| {
                 let seq = wait.first_seq.wrapping_add(i as u32);
