@@ -222,6 +222,12 @@ pub fn merge(
     fresh
 }
 
+/// The resolution of the hosts' clocks: whole milliseconds, rounded down. A deadline set at
+/// `now + wait` as the provider's answer is read can fall up to this much before the moment the
+/// provider meant, and a held request goes the instant the gate opens: the gate opens this much
+/// after the deadline, so no request reaches a window that has not yet reopened.
+pub const CLOCK_GRAIN_MS: u64 = 1;
+
 /// Whether a request of this (pool, account) may go now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gate {
@@ -240,11 +246,16 @@ pub enum Gate {
 /// request could wait for a release, so none is rationed).
 pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<CooldownRecord>) {
     // With holding on, a request waits for the end of the whole burst; without it, clients
-    // told the first deadline are let through from then on (the burst-band rule).
-    let until = if paced {
+    // told the first deadline are let through from then on (the burst-band rule). Either way
+    // the gate opens a clock's grain after it.
+    let end = if paced {
         rec.deadline_ms.max(rec.burst_end_ms)
     } else {
         rec.deadline_ms
+    };
+    let until = match end {
+        0 => 0,
+        end => end.saturating_add(CLOCK_GRAIN_MS),
     };
     if until > now_ms {
         let gate = Gate::Cooling {

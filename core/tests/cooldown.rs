@@ -5,6 +5,7 @@
 mod common;
 use common::Decision;
 use common::{header, Host};
+use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::metrics::Counter;
 
 const CFG: &str = r#"{"pools": [
@@ -43,8 +44,9 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
         let h = local(&mut host, "/v1/chat/completions", &[A]);
         assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
         assert_eq!(header(&h, "x-should-retry"), "true");
-        // What is left of the 4 s, plus half (the fixed random value) of 20 % of the 4 s.
-        let left = 4000 - 39 * i;
+        // What is left of the 4 s (and the clock's grain), plus half (the fixed random value)
+        // of 20 % of the 4 s.
+        let left = 4000 + GRAIN - 39 * i;
         assert_eq!(
             header(&h, "retry-after-ms"),
             (left + 400).to_string(),
@@ -56,7 +58,7 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
     host.forward("/v1/messages", &[A]);
     assert_eq!(host.metrics.count_of(0, Counter::LocalRejectCooldown), 100);
     // At the deadline, traffic flows again.
-    host.advance(100);
+    host.advance(100 + GRAIN);
     host.forward("/v1/chat/completions", &[A]);
 }
 
@@ -68,9 +70,12 @@ fn local_answers_spread_clients_over_the_jitter_window() {
     host.respond(&flow, 429, &[("retry-after", "10")], RL);
     host.advance(9_900);
     let h = local(&mut host, "/v1/chat/completions", &[A]);
-    // 100 ms left, plus half of 20 % of the 10 s period: clients answered late in a cooldown
-    // do not all come back on the deadline's millisecond.
-    assert_eq!(header(&h, "retry-after-ms"), "1100");
+    // 100 ms left (and the grain), plus half of 20 % of the 10 s period: clients answered late
+    // in a cooldown do not all come back on the deadline's millisecond.
+    assert_eq!(
+        header(&h, "retry-after-ms"),
+        (100 + GRAIN + 1000).to_string()
+    );
 }
 
 #[test]
@@ -86,7 +91,7 @@ fn quota_is_remembered_for_quota_ms_and_says_do_not_retry() {
     assert_eq!(header(&h, "x-should-retry"), "false");
     assert_eq!(header(&h, "x-llm-governor-class"), "quota_exhausted");
     assert_eq!(host.metrics.count_of(0, Counter::LocalRejectQuota), 1);
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     host.forward("/v1/chat/completions", &[A]);
 }
 
@@ -132,8 +137,9 @@ fn cooldown_max_caps_the_cooldown_and_the_cap_never_shortens_it() {
         "2000",
         "the cap still shortens what it is told"
     );
-    // ...until cooldown.max_ms (8 s, not the provider's 30 s) has passed, to the millisecond.
-    host.advance(5_999);
+    // ...until cooldown.max_ms (8 s, not the provider's 30 s) and the clock's grain have
+    // passed, to the millisecond.
+    host.advance(5_999 + GRAIN);
     local(&mut host, "/v1/chat/completions", &[A]);
     host.advance(1);
     host.forward("/v1/chat/completions", &[A]);
@@ -162,7 +168,7 @@ fn preemptive_cooldown_when_nothing_is_left() {
         assert!(host.respond(&f, 200, &headers, "{}").is_none());
         let h = local(&mut host, path, &[A]);
         assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
-        host.advance(3_000);
+        host.advance(3_000 + GRAIN);
         host.forward(path, &[A]);
     }
 }
@@ -248,17 +254,20 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     assert_eq!(told(&mut host), 1000);
     // A second 429 of the same round (it was in flight) is not a failed round.
     assert_eq!(answer(&mut host, &in_flight), 1000);
-    host.advance(1000);
+    host.advance(1000 + GRAIN);
     // The probe at the deadline fails: round 2, clients are told 2 s...
     assert_eq!(told(&mut host), 2000);
     // ...and so are clients answered locally during it (0.8 s left plus one extra period).
     host.advance(200);
     let h = local(&mut host, "/v1/chat/completions", &[A]);
-    assert_eq!(header(&h, "retry-after-ms"), "1800");
-    host.advance(800);
+    assert_eq!(
+        header(&h, "retry-after-ms"),
+        (800 + GRAIN + 1000).to_string()
+    );
+    host.advance(800 + GRAIN);
     assert_eq!(told(&mut host), 4000);
     // A success ends the streak.
-    host.advance(1000);
+    host.advance(1000 + GRAIN);
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 200, &[], "{}");
     assert_eq!(told(&mut host), 1000);
@@ -271,7 +280,7 @@ fn without_escalate_clients_are_told_the_provider_time_every_round() {
         let f = host.forward("/v1/chat/completions", &[A]);
         let g = host.respond(&f, 429, &[("retry-after", "1")], RL);
         assert_eq!(g.map(|g| g.delay_ms), Some(1000));
-        host.advance(1000);
+        host.advance(1000 + GRAIN);
     }
 }
 
@@ -286,7 +295,7 @@ fn answers_of_one_burst_do_not_push_the_deadline_within_the_jitter_band() {
     // The last answer of the same burst, 300 ms later, says "2 s" too: within 20 % of 2 s.
     host.advance(300);
     host.respond(&late, 429, &[("retry-after", "2")], RL);
-    host.advance(1_700);
+    host.advance(1_700 + GRAIN);
     host.forward("/v1/chat/completions", &[A]);
 }
 
@@ -300,7 +309,7 @@ fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
     host.respond(&late, 429, &[("retry-after", "2")], RL);
     host.advance(1_500);
     local(&mut host, "/v1/chat/completions", &[A]);
-    host.advance(500);
+    host.advance(500 + GRAIN);
     host.forward("/v1/chat/completions", &[A]);
 }
 
@@ -314,7 +323,7 @@ fn short_cooldowns_in_an_episode_keep_its_spread() {
     host.rng.set(0.5);
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
-    host.advance(3_000);
+    host.advance(3_000 + GRAIN);
     // The window reopens one slot at a time: a 2xx reports nothing left for 40 ms.
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(
@@ -327,8 +336,8 @@ fn short_cooldowns_in_an_episode_keep_its_spread() {
         "{}",
     );
     let h = local(&mut host, "/v1/chat/completions", &[A]);
-    // 40 ms left, plus half of 20 % of the episode's 3 s period (not of 40 ms).
-    assert_eq!(header(&h, "retry-after-ms"), "340");
+    // 40 ms left (and the grain), plus half of 20 % of the episode's 3 s period (not of 40 ms).
+    assert_eq!(header(&h, "retry-after-ms"), (40 + GRAIN + 300).to_string());
 }
 
 #[test]
@@ -346,7 +355,7 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
     // ...but the window frees its slot after 12 ms, and so does the cooldown.
     host.advance(5);
     local(&mut host, "/v1/chat/completions", &[A]);
-    host.advance(7);
+    host.advance(7 + GRAIN);
     host.forward("/v1/chat/completions", &[A]);
     // Longer whole-second hints, and hints in ms, are kept as they are.
     let mut host = Host::new(CFG);
@@ -367,7 +376,7 @@ fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     let mut host = Host::new(CFG_NO_HOLD);
     let f = host.forward("/v1/chat/completions", &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
-    host.advance(3_000);
+    host.advance(3_000 + GRAIN);
     let f = host.forward("/v1/chat/completions", &[A]);
     let racing = host.forward("/v1/chat/completions", &[A]);
     host.respond(
@@ -382,7 +391,7 @@ fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     // A request that raced the 2xx is refused with its own time, 300 ms beyond the 40 ms
     // cooldown: within the episode's 600 ms spread, but a different statement, so it holds.
     host.respond(&racing, 429, &[("retry-after-ms", "340")], RL);
-    host.advance(339);
+    host.advance(339 + GRAIN);
     local(&mut host, "/v1/chat/completions", &[A]);
     host.advance(1);
     host.forward("/v1/chat/completions", &[A]);

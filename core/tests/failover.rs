@@ -8,6 +8,7 @@ mod common;
 use common::Step;
 use common::{flows, go, header, Host};
 use llm_governor_core::config;
+use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::metrics::{Counter, Gauge};
 
 const CFG: &str = r#"{"pools": [
@@ -44,9 +45,12 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
         host.metrics.count_of(BACKUP, Counter::UpstreamRateLimited),
         1
     );
-    // Both cooling: held on the one that frees first (the fallback, 2 s against 5 s).
+    // Both cooling: held on the one that frees first (the fallback, 2 s against 5 s), let go a
+    // clock's grain after its end.
     assert!(matches!(host.arrive(3, PATH, &[A]), Step::Held));
     host.advance(2_000);
+    assert!(host.tick().is_empty());
+    host.advance(GRAIN);
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
     assert_eq!(host.governor().steered_to(&out[0].1), Some("backup"));
@@ -72,7 +76,10 @@ fn both_cooling_beyond_the_hold_answers_with_the_shortest_wait() {
     match host.arrive(2, PATH, &[A]) {
         Step::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
-            assert_eq!(header(&r.headers, "retry-after-ms"), "20000");
+            assert_eq!(
+                header(&r.headers, "retry-after-ms"),
+                (20_000 + GRAIN).to_string()
+            );
         }
         other => panic!("expected a local answer, got {other:?}"),
     }

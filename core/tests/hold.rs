@@ -8,6 +8,7 @@ mod common;
 use common::Step;
 use common::{answered, flows, go, gone, header, Host};
 use llm_governor_core::config::Hold;
+use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::deadline;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::metrics::{Counter, Gauge};
@@ -49,16 +50,16 @@ fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
     }
     assert_eq!(host.metrics.count_of(0, Counter::Held), 5);
     assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 5);
-    host.advance(2_999);
+    host.advance(3_000);
     assert!(
         host.tick().is_empty(),
-        "nothing leaves before the provider's time"
+        "nothing leaves before the provider's time and the clock's grain"
     );
-    host.advance(1);
+    host.advance(GRAIN);
     let mut probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
     assert_eq!(probe[0].0, 1, "the first to arrive is the probe");
-    assert_eq!(probe[0].1.held_ms, Some(3_000));
+    assert_eq!(probe[0].1.held_ms, Some(3_000 + GRAIN));
     host.advance(50);
     assert!(
         host.tick().is_empty(),
@@ -88,7 +89,7 @@ fn without_a_remaining_header_releases_double_with_each_success() {
     for id in 1..=10 {
         held(host.arrive(id, PATH, &[A]));
     }
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     let mut rounds = Vec::new();
     for _ in 0..4 {
         let out = flows(host.tick());
@@ -111,13 +112,13 @@ fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
     for id in 1..=3 {
         held(host.arrive(id, PATH, &[A]));
     }
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     let mut probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
     host.answer(&mut probe[0].1, 429, &[("retry-after", "2")], RL);
-    host.advance(1_999);
+    host.advance(2_000);
     assert!(host.tick().is_empty());
-    host.advance(1);
+    host.advance(GRAIN);
     assert_eq!(
         gone(&host.tick()),
         [2],
@@ -132,7 +133,7 @@ fn an_unanswered_probe_lets_one_more_go_after_the_patience() {
     for id in 1..=3 {
         held(host.arrive(id, PATH, &[A]));
     }
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     assert_eq!(gone(&host.tick()), [1]);
     host.advance(999);
     assert!(host.tick().is_empty());
@@ -149,7 +150,7 @@ fn a_new_request_never_overtakes_held_ones() {
     let mut host = Host::new(CFG);
     cool(&mut host, "1");
     held(host.arrive(1, PATH, &[A]));
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     // The cooldown is over, but request 1 has not been let go yet: 2 queues behind it.
     held(host.arrive(2, PATH, &[A]));
     assert_eq!(gone(&host.tick()), [1]);
@@ -167,10 +168,10 @@ fn the_clients_deadline_bounds_the_hold() {
     assert!(!h.iter().any(|(n, _)| *n == "x-llm-governor-held-ms"));
     // A 60 s client is held (10 s max) and goes when the cooldown ends.
     held(host.arrive(2, PATH, &[A, ("x-stainless-read-timeout", "60")]));
-    host.advance(5_000);
+    host.advance(5_000 + GRAIN);
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].1.held_ms, Some(5_000));
+    assert_eq!(out[0].1.held_ms, Some(5_000 + GRAIN));
 }
 
 #[test]
@@ -205,7 +206,7 @@ fn hold_off_answers_every_wait_at_once_and_lets_everything_go_after_a_cooldown()
     cool(&mut host, "2");
     let h = reply_headers(host.arrive(1, PATH, &[A]));
     assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
-    host.advance(2_000);
+    host.advance(2_000 + GRAIN);
     for id in 2..=4 {
         go(host.arrive(id, PATH, &[A]));
     }
@@ -226,14 +227,18 @@ fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
     };
     other.account = host.governor().account_of(&Headers::new(&owned(&[A])));
     host.answer(&mut other, 429, &[("retry-after", "20")], RL);
-    host.advance(2_900);
+    host.advance(2_900 + GRAIN);
     let out = host.tick();
     assert_eq!(answered(&out), [1]);
     let (_, Step::Reply(reply)) = &out[0] else {
         panic!("expected a local answer");
     };
-    assert_eq!(header(&reply.headers, "x-llm-governor-held-ms"), "3000");
-    // 20 s from 100 ms in, answered at 3 s: 17.1 s left, plus jitter of the 20 s period.
+    assert_eq!(
+        header(&reply.headers, "x-llm-governor-held-ms"),
+        (3000 + GRAIN).to_string()
+    );
+    // 20 s from 100 ms in, answered at 3 s (both cooldowns a grain longer): 17.1 s left, plus
+    // jitter of the 20 s period.
     let ms: u64 = header(&reply.headers, "retry-after-ms")
         .parse()
         .unwrap_or(0);
@@ -254,7 +259,7 @@ fn a_client_that_leaves_while_held_is_forgotten() {
     host.leave(1);
     assert_eq!(host.worker.held(), 1, "forgotten once");
     assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 1);
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     assert_eq!(gone(&host.tick()), [2], "the one who stayed is the probe");
 }
 
@@ -422,7 +427,7 @@ fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_r
     for id in 1..=8 {
         held(host.arrive(id, PATH, &[A]));
     }
-    host.advance(1_000);
+    host.advance(1_000 + GRAIN);
     let mut probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
     host.answer(
@@ -446,7 +451,7 @@ fn held_requests_wait_for_the_end_of_a_burst_of_429s_that_all_said_the_same_time
     host.advance(100);
     host.respond(&second, 429, &[("retry-after", "3")], RL);
     held(host.arrive(1, PATH, &[A]));
-    host.advance(2_900); // 3 s after the first 429
+    host.advance(2_900 + GRAIN); // 3 s after the first 429
     assert!(host.tick().is_empty(), "not before the burst's last 3 s");
     host.advance(100);
     assert_eq!(gone(&host.tick()), [1]);
@@ -462,7 +467,7 @@ fn without_holding_the_first_deadline_of_a_burst_lets_clients_through() {
     host.respond(&first, 429, &[("retry-after", "3")], RL);
     host.advance(100);
     host.respond(&second, 429, &[("retry-after", "3")], RL);
-    host.advance(2_900);
+    host.advance(2_900 + GRAIN);
     go(host.arrive(1, PATH, &[A]));
 }
 
@@ -520,7 +525,7 @@ fn after_a_cooldown_the_pace_reads_anthropics_remaining_requests_too() {
     for id in 1..=6 {
         held(host.arrive(id, path, &[key]));
     }
-    host.advance(2_000);
+    host.advance(2_000 + GRAIN);
     let mut probe = flows(host.tick());
     assert_eq!(probe.len(), 1, "one probe");
     host.answer(
@@ -554,7 +559,7 @@ fn after_a_cooldown_the_pace_releases_what_the_remaining_tokens_hold_for_a_reque
     for id in 1..=6 {
         held(host.arrive_with_body(id, PATH, &[A], body));
     }
-    host.advance(2_000);
+    host.advance(2_000 + GRAIN);
     let mut probe = flows(host.tick());
     assert_eq!(probe.len(), 1, "one probe");
     let tokens_left = (2 * need + need / 2).to_string();

@@ -7,6 +7,7 @@
 mod common;
 use common::Decision;
 use common::{header, Host};
+use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::estimate;
 use llm_governor_core::keys;
 use llm_governor_core::store::SharedStore;
@@ -383,8 +384,8 @@ fn a_provider_reporting_its_tokens_empty_cools_for_one_reservation_not_its_full_
     match host.request_with_body(PATH, &[], &body) {
         Decision::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
-            // A request like it fits once reserved × 60 s / 20,000 has refilled.
-            let want = 60_000 * reserved / 20_000;
+            // A request like it fits once reserved × 60 s / 20,000 has refilled (and the grain).
+            let want = 60_000 * reserved / 20_000 + GRAIN;
             assert_eq!(header(&r.headers, "retry-after-ms"), want.to_string());
         }
         Decision::Forward(_) => panic!("the provider said it had no tokens left"),

@@ -7,6 +7,7 @@
 mod common;
 use common::{test_key, view, FakeIo, FixedRng, T0};
 use llm_governor_core::config;
+use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::metrics::Recorded;
 use llm_governor_core::policy::Governor;
@@ -101,7 +102,7 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
         assert_eq!(fleet.request(w, id).action, Action::Pause);
         assert_eq!(fleet.workers[w].stage(id), Stage::Held);
     }
-    fleet.now += 1_000;
+    fleet.now += 1_000 + GRAIN;
     let probe = fleet.tick();
     assert_eq!(probe.len(), 1, "one probe for the whole fleet: {probe:?}");
     let (w, id) = probe[0];
@@ -147,7 +148,7 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
     for id in 10..30u32 {
         fleet.request((id % 4) as usize, id);
     }
-    fleet.now += 1_000;
+    fleet.now += 1_000 + GRAIN;
     let probe = fleet.tick();
     let (w, id) = probe[0];
     fleet.now += 5;
