@@ -184,6 +184,11 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         "upstream": [[round(u.t_ms, 1), u.status] for u in up],
         "client_ends": [[round(r.end_ms, 1), r.ok] for r in results],
         "gateway": gateway_info,
+        # What each call received, to read a run back: [t_ms, status, source, pool, held_ms,
+        # retry_after_ms] per answer, a list per call.
+        "call_attempts": [[[round(a.t_ms, 1), a.status, a.source, a.pool, a.held_ms,
+                            None if a.retry_after_ms is None else round(a.retry_after_ms)] for a in r.attempts]
+                          for r in results],
     }
     if backup_entries is not None:
         bup = upstream(backup_entries, t0_unix_ms)
@@ -208,10 +213,6 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
             # window_count, in_flight_key] per request (t_ms from t = 0).
             "primary_log": _log(entries, t0_unix_ms),
             "backup_log": _log(backup_entries, t0_unix_ms),
-            # What each call received: [t_ms, status, source, pool, held_ms, retry_after_ms] per answer.
-            "call_attempts": [[[round(a.t_ms, 1), a.status, a.source, a.pool, a.held_ms,
-                                None if a.retry_after_ms is None else round(a.retry_after_ms)] for a in r.attempts]
-                              for r in results],
         })
     if storm.tpm_tokens:
         out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))

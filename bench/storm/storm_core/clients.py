@@ -220,7 +220,10 @@ class SdkClients:
             self.current[i] = attempts = []
             start = self.clock.now_ms()
             try:
-                await self.clients[i].chat.completions.create(model=MODEL, messages=MESSAGES)
+                # An output limit when the storm sets one: a reserving token budget then holds
+                # what the call may really use, not the config's `default_output_tokens`.
+                limit = {} if self.storm.max_tokens is None else {"max_tokens": self.storm.max_tokens}
+                await self.clients[i].chat.completions.create(model=MODEL, messages=MESSAGES, **limit)
                 ok, error = True, ""
             except Exception as err:  # noqa: BLE001 - every failure is a data point
                 ok, error = False, type(err).__name__

@@ -70,10 +70,11 @@ class Storm:
     # (the filter's `account`, LiteLLM's deployment key), so its cooldown or pace from the
     # storm before would carry over into this one.
     fresh_gateway: bool = False
-    # "loop" clients: how long they keep starting calls, the prompt's length in characters
-    # (varied by up to 5 % per request) and the output limit each call sends.
+    # "loop" clients: how long they keep starting calls and the prompt's length in characters
+    # (varied by up to 5 % per request).
     duration_s: float = 0.0
     prompt_chars: int = 0
+    # The output limit each call sends ("loop" and "sdk" clients; None: none).
     max_tokens: Optional[int] = None
     # The provider's token-per-minute limit on the key (simulator scenario `tpm`), for the
     # budget the TPM figures compare against.
@@ -245,6 +246,10 @@ TPM_FULL = dataclasses.replace(
 # Issue 21: a fleet of three Envoys behind an uneven load balancer (60/30/10) in front of one
 # provider key that allows 30 requests per 20 s window (rejected ones counted) and 60,000 tokens
 # a minute. 30 SDK clients make 3 calls each over 1 s: 90 calls need at least three windows.
+# Each call sends `max_tokens: 64`, so the request window binds, as the schedule minimum says:
+# without it each reservation holds the config's 1,024 default output tokens, 57 calls fit the
+# token budget's minute, and the storm measures the gateway's own estimate instead (stop 28's
+# tables, BENCHMARKS.md).
 # (x-litellm): three LiteLLM proxies sharing the deployment's rpm/tpm on one Redis (issue 21, item 7).
 FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m", "x-litellm")
 FLEET = Storm(
@@ -254,6 +259,7 @@ FLEET = Storm(
     clients=30,
     calls_per_client=3,
     start_spread_ms=1000.0,
+    max_tokens=64,
     phases=[Phase({"limit": {"requests": 30, "window_ms": 20_000}, "tpm": {"tokens": 60_000}})],
     schedule_min_ms=2 * 20_000,
     configs=FLEET_CONFIGS,
