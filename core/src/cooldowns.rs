@@ -1,27 +1,38 @@
 //! The store-backed side of `cooldown` for one (pool, account): read the record, pass its gate,
 //! merge an answer into it.
 
+use crate::config::Config;
 use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
 use crate::env::Env;
-use crate::flow::Flow;
 use crate::keys;
 use crate::keyspace;
-use crate::policy::Governor;
+use crate::request::Flow;
 
-impl Governor {
-    pub(crate) fn cooldown_key(&self, flow: &Flow) -> String {
+/// The cooldowns of a configuration's (pool, account)s, kept in the shared store.
+#[derive(Clone, Copy)]
+pub struct Cooldowns<'a> {
+    cfg: &'a Config,
+}
+
+impl<'a> Cooldowns<'a> {
+    pub fn new(cfg: &'a Config) -> Cooldowns<'a> {
+        Cooldowns { cfg }
+    }
+
+    fn key(&self, flow: &Flow) -> String {
         keys::cooldown_key(&self.cfg.pools[flow.pool].name, flow.account)
     }
 
-    pub(crate) fn cooldown_record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
-        let (bytes, _) = env.store.get(&self.cooldown_key(flow)).ok().flatten()?;
+    /// The record of the flow's (pool, account), if it has one.
+    pub fn record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
+        let (bytes, _) = env.store.get(&self.key(flow)).ok().flatten()?;
         CooldownRecord::decode(&bytes)
     }
 
     /// The cooldown gate: read the record (one copy, the common case writes nothing) and take
     /// a release of the pace when pacing.
-    pub(crate) fn pass_cooldown(&self, flow: &mut Flow, env: &mut Env) -> Gate {
-        let key = self.cooldown_key(flow);
+    pub fn pass(&self, flow: &mut Flow, env: &mut Env) -> Gate {
+        let key = self.key(flow);
         let known = match env.store.get(&key) {
             Ok(Some(v)) => v,
             _ => return Gate::Open,
@@ -44,11 +55,11 @@ impl Governor {
     }
 
     /// A later gate refused after the pace released this request: give the release back.
-    pub(crate) fn give_back_release(&self, flow: &mut Flow, env: &mut Env) {
+    pub fn give_back_release(&self, flow: &mut Flow, env: &mut Env) {
         if !std::mem::take(&mut flow.released) {
             return;
         }
-        let key = self.cooldown_key(flow);
+        let key = self.key(flow);
         keyspace::modify(env, flow.pool, &key, None, None, |cur| {
             (cur.map(cooldown::unpass), ())
         });
@@ -57,8 +68,8 @@ impl Governor {
     /// Consecutive rounds that ended in "not now", counting this answer. Answers that arrive
     /// while a cooldown is running belong to its round; one that arrives after it ended, with
     /// no success since, starts the next round.
-    pub(crate) fn failed_rounds(&self, flow: &Flow, env: &Env) -> u8 {
-        match self.cooldown_record(flow, env) {
+    pub fn failed_rounds(&self, flow: &Flow, env: &Env) -> u8 {
+        match self.record(flow, env) {
             Some(r) if r.deadline_ms > env.now() => r.streak.max(1),
             Some(r) => r.streak.saturating_add(1),
             None => 1,
@@ -66,7 +77,7 @@ impl Governor {
     }
 
     /// How many provider periods clients are told to wait after `rounds` failed rounds.
-    pub(crate) fn stretch(&self, rounds: u8) -> u64 {
+    pub fn stretch(&self, rounds: u8) -> u64 {
         if self.cfg.retry_after.escalate {
             1u64 << u32::from(rounds.saturating_sub(1).min(10))
         } else {
@@ -75,11 +86,11 @@ impl Governor {
     }
 
     /// Report a non-success answer (or none) of a released request to the pace.
-    pub(crate) fn answer_pace(&self, flow: &mut Flow, answer: Answer, env: &mut Env) {
+    pub fn answer_pace(&self, flow: &mut Flow, answer: Answer, env: &mut Env) {
         if !flow.released {
             return;
         }
-        let key = self.cooldown_key(flow);
+        let key = self.key(flow);
         flow.released = false;
         keyspace::modify(env, flow.pool, &key, None, None, |cur| {
             (cur.map(|r| cooldown::answered(r, answer, true)), ())
@@ -89,7 +100,7 @@ impl Governor {
     /// Merge an answer into the flow's (pool, account) record: the cooldown it asks for (if
     /// any), the streak, and what it means for the pace. Returns whether it started or moved
     /// a cooldown deadline.
-    pub(crate) fn cool(
+    pub fn cool(
         &self,
         flow: &mut Flow,
         wanted: Option<Wanted>,
@@ -98,7 +109,7 @@ impl Governor {
         env: &mut Env,
     ) -> bool {
         let released = std::mem::take(&mut flow.released);
-        let key = self.cooldown_key(flow);
+        let key = self.key(flow);
         if !keyspace::key_exists_or_admit(
             self.cfg.max_keys,
             &key,

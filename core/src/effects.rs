@@ -1,10 +1,16 @@
 //! The boundary between the core's `Worker` and a host: what the host lends each call, and the
-//! effects it applies for a stream (in order, then continue or pause).
+//! effects it applies for a stream (in order, then continue or pause). How a host applies them
+//! is `protocol`.
 
-use crate::fleet::ServiceCall;
+use crate::fleet::grpc::ServiceCall;
 use crate::metrics::Metrics;
 use crate::reply::LocalReply;
 use crate::store::SharedStore;
+
+/// How often a host wakes a worker that holds or waits, at the finest: proxy-wasm's tick
+/// period, the native timer's retry of a wake-up that did not run, and the pace at which a
+/// request the fleet refused with no wait asks again (`fleet::ask::refusal_wait_ms`).
+pub const TICK_MS: u64 = 20;
 
 /// What the host lends a call: its shared store, its stats sink, its clock (read only if the
 /// answer needs the time, once per call) and access to the streams' buffers.
@@ -22,8 +28,23 @@ pub trait StreamIo {
     /// Up to `max` bytes of the response body buffered for stream `id` (empty if none).
     fn response_body(&mut self, id: u32, max: usize) -> Vec<u8>;
     /// Whether stream `id`'s response came from the upstream rather than from Envoy itself
-    /// (a reset, a timeout, no healthy host). When unknown: true.
+    /// (a reset, a timeout, no healthy host): `from_upstream` of its `response.code_details`.
     fn answered_by_upstream(&mut self, id: u32) -> bool;
+}
+
+/// Whether a response whose `response.code_details` are `details` came from the upstream:
+/// Envoy says `via_upstream` for the upstream's own responses. Unknown details (a host that
+/// cannot read them) count as the upstream's: the provider's word is never thrown away for
+/// want of a property.
+pub fn from_upstream(details: Option<&[u8]>) -> bool {
+    details.map_or(true, |d| d == b"via_upstream")
+}
+
+/// Which way a body flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Request,
+    Response,
 }
 
 /// Buffers for callers whose streams have no bodies and whose responses are all the
@@ -65,9 +86,9 @@ pub enum Effect {
     ResumeRequest,
     /// Let the paused response go on (after a tick).
     ResumeResponse,
-    /// Call the fleet's rate-limit service on `fleet.cluster` for this stream, and report what
-    /// became of it with `Worker::on_service_answer`. If it cannot be sent, tell
-    /// `Worker::failed` (`Failure::Call`).
+    /// Call the fleet's rate-limit service on `fleet.cluster` for this stream: report the
+    /// host's token with `Worker::call_sent` and what became of it with
+    /// `Worker::on_call_done`. If it cannot be sent, tell `Worker::failed` (`Failure::Call`).
     CallService(ServiceCall),
 }
 
@@ -123,12 +144,12 @@ impl Reaction {
         Reaction { effects, action }
     }
 
-    pub(crate) fn go_on() -> Reaction {
+    pub fn go_on() -> Reaction {
         Reaction::new(Vec::new(), Action::Continue)
     }
 
-    /// Nothing to do, and the stream stays as it is.
-    pub(crate) fn none() -> Reaction {
+    /// Nothing to do: the stream stays paused (or, from a tick, as it is).
+    pub(crate) fn pause() -> Reaction {
         Reaction::new(Vec::new(), Action::Pause)
     }
 }

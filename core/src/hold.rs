@@ -7,9 +7,12 @@
 //! order, and a new request never overtakes them on this worker. Across workers, the shared
 //! cooldown record's pace hands out releases one round at a time.
 
+use crate::blocked::Blocked;
+use crate::env::Env;
 use crate::metrics::{Counter, Gauge, Histogram};
-use crate::policy::{Admission, Blocked, Env, Flow, Governor};
+use crate::policy::Governor;
 use crate::reply::LocalReply;
+use crate::request::Flow;
 use std::collections::{HashMap, VecDeque};
 
 /// A request being held.
@@ -18,8 +21,6 @@ pub struct Held {
     pub id: u32,
     pub flow: Flow,
     pub since_ms: u64,
-    /// It is answered locally at this moment if it has not gone by then.
-    pub deadline_ms: u64,
     /// Why it waits, as of `blocked_at_ms`.
     pub blocked: Blocked,
     pub blocked_at_ms: u64,
@@ -31,7 +32,8 @@ pub struct Held {
 /// one a tick let go.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Forward it now, with this flow.
+    /// It passed every gate of this Envoy (cooldowns, pace, local limits): it goes, once the
+    /// fleet's limits admit it too when it has any.
     Go(Flow),
     /// It is held: keep it paused.
     Held,
@@ -67,16 +69,10 @@ impl Holds {
         self.held == 0
     }
 
-    /// A new request. `budget_ms` is how long it may be held (`deadline::hold_budget_ms`).
-    pub fn request(
-        &mut self,
-        gov: &Governor,
-        mut flow: Flow,
-        budget_ms: u64,
-        id: u32,
-        env: &mut Env,
-    ) -> Outcome {
-        gov.on_arrival(&flow, env);
+    /// A new request (it may be held until its `hold_until_ms`).
+    pub fn request(&mut self, gov: &Governor, mut flow: Flow, id: u32, env: &mut Env) -> Outcome {
+        let admission = gov.admission();
+        admission.on_arrival(&flow, env);
         let key = queue_key(&flow);
         let queued = if self.queues.is_empty() {
             None
@@ -87,62 +83,50 @@ impl Holds {
             // Held requests of this (pool, account) go first: wait behind them. Answered,
             // it is told its turn: after what the queue behind the head takes, and its own.
             let blocked = last.blocked.aged(env.now() - last.blocked_at_ms);
-            if !self.may_hold(gov, &blocked, budget_ms) {
+            if !self.may_hold(gov, &blocked, &flow, env.now()) {
                 let queue = self.queues.get(&key).into_iter().flatten().skip(1);
-                let tokens = queue.map(|h| gov.cost_at(&blocked, &h.flow)).sum::<u64>()
-                    + gov.cost_at(&blocked, &flow);
-                let reply = gov.reply_for(&flow, &gov.later_by(blocked, tokens), env);
+                let tokens = queue.map(|h| admission.cost_at(&blocked, &h.flow)).sum::<u64>()
+                    + admission.cost_at(&blocked, &flow);
+                let turn = admission.later_by(blocked, tokens);
+                let reply = gov.replies().reply_for(&flow, &turn, env);
                 return Outcome::Reply(flow, reply);
             }
-            return self.hold(flow, blocked, budget_ms, id, env);
+            return self.hold(flow, blocked, id, env);
         }
-        match gov.admit(&mut flow, env) {
-            Admission::Go => Outcome::Go(flow),
-            Admission::Wait(blocked) if self.may_hold(gov, &blocked, budget_ms) => {
-                self.hold(flow, blocked, budget_ms, id, env)
-            }
-            Admission::Wait(blocked) => {
-                let reply = gov.reply_for(&flow, &blocked, env);
-                Outcome::Reply(flow, reply)
-            }
+        match admission.admit(&mut flow, env) {
+            Ok(()) => Outcome::Go(flow),
+            Err(blocked) => self.wait(gov, flow, blocked, id, env),
         }
     }
 
-    /// A request the fleet's service refused (admitted locally, then refused by a fleet
-    /// limit): held if it may be, at the head of its queue when it was held before (it keeps
-    /// its place), else answered.
-    pub fn refused(
+    /// A request that cannot go now (a local gate refused it, or the fleet's service did):
+    /// held if it may be, else answered. One that was held before keeps its place at the head
+    /// of its queue.
+    pub fn wait(
         &mut self,
         gov: &Governor,
         flow: Flow,
         blocked: Blocked,
-        budget_ms: u64,
         id: u32,
         env: &mut Env,
     ) -> Outcome {
-        if self.may_hold(gov, &blocked, budget_ms) {
-            return self.hold(flow, blocked, budget_ms, id, env);
+        if self.may_hold(gov, &blocked, &flow, env.now()) {
+            return self.hold(flow, blocked, id, env);
         }
-        let reply = gov.reply_for(&flow, &blocked, env);
+        let reply = gov.replies().reply_for(&flow, &blocked, env);
         Outcome::Reply(flow, reply)
     }
 
     /// Whether a request blocked so may be held: holding is on for it, there is room, the wait
-    /// is known to fit its budget (or ends with an event), and waiting can help.
-    fn may_hold(&self, gov: &Governor, blocked: &Blocked, budget_ms: u64) -> bool {
+    /// is known to end before its hold must (or ends with an event), and waiting can help.
+    fn may_hold(&self, gov: &Governor, blocked: &Blocked, flow: &Flow, now: u64) -> bool {
         let room = (self.held as u64) < gov.cfg.hold.max_held;
-        let fits = blocked.wait_ms().map_or(true, |w| w <= budget_ms);
-        budget_ms > 0 && room && fits && blocked.holdable()
+        let until = flow.hold_until_ms;
+        let fits = blocked.wait_ms().map_or(true, |w| now.saturating_add(w) <= until);
+        until > now && room && fits && blocked.holdable()
     }
 
-    fn hold(
-        &mut self,
-        mut flow: Flow,
-        blocked: Blocked,
-        budget_ms: u64,
-        id: u32,
-        env: &mut Env,
-    ) -> Outcome {
+    fn hold(&mut self, mut flow: Flow, blocked: Blocked, id: u32, env: &mut Env) -> Outcome {
         let now = env.now();
         // Held before (released, then refused by the fleet): it keeps its place and its time.
         let before = flow.held_ms.take();
@@ -151,12 +135,9 @@ impl Holds {
         }
         env.metrics.add(flow.home_pool, Gauge::HeldRequests, 1);
         self.held += 1;
-        let deadline_ms = now.saturating_add(budget_ms);
-        flow.hold_deadline_ms = Some(deadline_ms);
         let held = Held {
             id,
             since_ms: now.saturating_sub(before.unwrap_or(0)),
-            deadline_ms,
             blocked,
             blocked_at_ms: now,
             next_check_ms: now.saturating_add(blocked.recheck_in_ms()),
@@ -175,19 +156,19 @@ impl Holds {
     /// wait outgrew their limit. Returns what became of each request that left, in order.
     pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<(u32, Outcome)> {
         let now = env.now();
+        let admission = gov.admission();
         let mut out = Vec::new();
         for queue in self.queues.values_mut() {
             // The heads, in arrival order, while the gates let them go.
             let mut known_wait = None;
             while let Some(head) = queue.front_mut() {
-                if now < head.next_check_ms && now < head.deadline_ms {
+                if now < head.next_check_ms && now < head.flow.hold_until_ms {
                     known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
-                let fleet_refused = matches!(head.blocked,
-                    Blocked::Bucket { limit, .. } if gov.fleet_limits.contains(&limit));
-                match gov.admit(&mut head.flow, env) {
-                    Admission::Go => {
+                let fleet_refused = matches!(head.blocked, Blocked::Fleet { .. });
+                match admission.admit(&mut head.flow, env) {
+                    Ok(()) => {
                         if let Some(h) = queue.pop_front() {
                             out.push(released(h, now, env));
                         }
@@ -197,7 +178,7 @@ impl Holds {
                             break;
                         }
                     }
-                    Admission::Wait(b) if !b.holdable() => {
+                    Err(b) if !b.holdable() => {
                         // Quota exhausted meanwhile: waiting cannot help.
                         if let Some(mut h) = queue.pop_front() {
                             h.blocked = b;
@@ -205,7 +186,7 @@ impl Holds {
                             out.push(answered(h, None, now, gov, env));
                         }
                     }
-                    Admission::Wait(b) => {
+                    Err(b) => {
                         head.blocked = b;
                         head.blocked_at_ms = now;
                         head.next_check_ms = now.saturating_add(b.recheck_in_ms());
@@ -220,8 +201,8 @@ impl Holds {
             let before = queue.len();
             let mut kept = VecDeque::with_capacity(before);
             let leaves = |h: &Held| {
-                now >= h.deadline_ms
-                    || known_wait.is_some_and(|w| now.saturating_add(w) > h.deadline_ms)
+                let until = h.flow.hold_until_ms;
+                now >= until || known_wait.is_some_and(|w| now.saturating_add(w) > until)
             };
             // The turns are counted only when someone behind the head leaves now.
             let head = queue
@@ -232,8 +213,8 @@ impl Holds {
             for (place, h) in queue.drain(..).enumerate() {
                 let turn = match head {
                     Some(head) if place > 0 => {
-                        ahead = ahead.saturating_add(gov.cost_at(&head, &h.flow));
-                        Some(gov.later_by(head, ahead))
+                        ahead = ahead.saturating_add(admission.cost_at(&head, &h.flow));
+                        Some(admission.later_by(head, ahead))
                     }
                     _ => None,
                 };
@@ -257,7 +238,7 @@ impl Holds {
             .values()
             .flat_map(|q| {
                 let head = q.front().map(|h| h.next_check_ms);
-                head.into_iter().chain(q.iter().map(|h| h.deadline_ms))
+                head.into_iter().chain(q.iter().map(|h| h.flow.hold_until_ms))
             })
             .min()
     }
@@ -305,6 +286,6 @@ fn answered(
 ) -> (u32, Outcome) {
     leave(&mut h, now, Counter::HoldExpired, env);
     let blocked = turn.unwrap_or_else(|| h.blocked.aged(now - h.blocked_at_ms));
-    let reply = gov.reply_for(&h.flow, &blocked, env);
+    let reply = gov.replies().reply_for(&h.flow, &blocked, env);
     (h.id, Outcome::Reply(h.flow, reply))
 }

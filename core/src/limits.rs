@@ -2,13 +2,13 @@
 //! not at all. A request refused by one limit gives back what earlier limits gave it, so a
 //! held request that asks again on every tick never drains a bucket it does not use.
 
-use crate::admission::Blocked;
+use crate::blocked::Blocked;
 use crate::bucket::{Bucket, Shape};
 use crate::classify::Dialect;
 use crate::config::Limit;
 use crate::config::{LimitKind, Scope, Settle};
 use crate::env::Env;
-use crate::flow::{Charge, Flow, HeldSlot};
+use crate::request::{Charge, Flow, HeldSlot, Taken};
 use crate::inflight::{self, Slots};
 use crate::keys;
 use crate::keyspace;
@@ -25,19 +25,8 @@ struct Target {
     own: bool,
 }
 
-/// Something a request took from a limit, to give back if a later limit refuses it (or, for a
-/// request under fleet limits, if the fleet refuses it).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Taken {
-    limit: usize,
-    /// The bucket's shared-data key (empty for a leased take: it goes back to the lease).
-    key: String,
-    tokens: u64,
-    /// From the worker's lease of this key id, not from shared data.
-    leased: Option<u64>,
-}
-
 /// The configured limits (a view of the governor's), and the bound on their keys.
+#[derive(Clone, Copy)]
 pub struct Limits<'a> {
     limits: &'a [Limit],
     max_keys: u64,
@@ -435,7 +424,7 @@ impl<'a> Limits<'a> {
 /// The tokens a reserving budget takes for this request: its estimated input plus the output
 /// it allows (the limit's default when it sets none). 0 for a budget charged after the
 /// response, or a request whose body was not read.
-fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
+pub(crate) fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
     match flow.estimate {
         Some(est) if limit.reserve => match settle_of(limit, flow) {
             Settle::Reservation => est.by_characters(limit.default_output_tokens),

@@ -1,11 +1,12 @@
 //! What clients see: the governed headers, and the bodies of locally generated answers.
 
-use crate::admission::Blocked;
+use crate::blocked::Blocked;
 use crate::classify::{Class, Dialect};
+use crate::config::Config;
+use crate::cooldowns::Cooldowns;
 use crate::env::Env;
-use crate::flow::Flow;
 use crate::metrics::{Counter, Histogram};
-use crate::policy::Governor;
+use crate::request::{Flow, STEERING_HEADER};
 use crate::retry_after;
 
 /// Who answered.
@@ -117,10 +118,6 @@ impl LocalReply {
 
 /// On every response to a request the gateway held: how long it held it.
 pub const HELD_MS_HEADER: &str = "x-llm-governor-held-ms";
-
-/// The request header that names the pool a request was steered to; Envoy routes on it. Only
-/// the policy sets it: a client-sent one is removed before anything matches on it.
-pub const STEERING_HEADER: &str = "x-llm-governor-pool";
 
 /// What Envoy's access log can read of a governed answer, as filter state: the header each
 /// field is copied from, and its key (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, ...).
@@ -251,7 +248,18 @@ fn body(dialect: Dialect, class: Class, message: &str) -> Vec<u8> {
     value.to_string().into_bytes()
 }
 
-impl Governor {
+/// Local answers under a configuration.
+#[derive(Clone, Copy)]
+pub struct Replies<'a> {
+    cfg: &'a Config,
+    cooldowns: Cooldowns<'a>,
+}
+
+impl<'a> Replies<'a> {
+    pub fn new(cfg: &'a Config, cooldowns: Cooldowns<'a>) -> Replies<'a> {
+        Replies { cfg, cooldowns }
+    }
+
     /// The local answer for a request that cannot go now (and is not, or no longer, held).
     pub fn reply_for(&self, flow: &Flow, blocked: &Blocked, env: &mut Env) -> LocalReply {
         let ra = &self.cfg.retry_after;
@@ -260,14 +268,14 @@ impl Governor {
                 class,
                 remaining_ms,
             } => {
-                let rec = self.cooldown_record(flow, env);
+                let rec = self.cooldowns.record(flow, env);
                 let (period, spread, streak) =
                     rec.map_or((0, 0, 0), |r| (r.period_ms, r.spread_ms, r.streak));
                 // After failed rounds (with `escalate`), clients wait the extra periods the
                 // upstream answers told them. The jitter is a fraction of the episode's period,
                 // not of what is left: clients answered late in a cooldown would otherwise all
                 // come back within a few milliseconds of the deadline and collide there.
-                let extra = self.stretch(streak) - 1;
+                let extra = self.cooldowns.stretch(streak) - 1;
                 let wait = remaining_ms.saturating_add(u64::from(period).saturating_mul(extra));
                 LocalAnswer::cooldown(
                     class,
@@ -278,21 +286,12 @@ impl Governor {
                 Class::RateLimited,
                 retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng),
             ),
+            Blocked::Fleet { limit, wait_ms } => self.limit_answer(limit, wait_ms, 0),
             Blocked::Bucket {
                 limit,
                 wait_ms,
                 remaining,
-            } => {
-                let l = &self.cfg.limits[limit];
-                let fields = LimitFields {
-                    name: l.name.clone(),
-                    quota: l.per_minute,
-                    window_s: 60,
-                    remaining,
-                    reset_s: wait_ms.div_ceil(1000),
-                };
-                LocalAnswer::limit(wait_ms.clamp(1, ra.max_ms), Some(fields))
-            }
+            } => self.limit_answer(limit, wait_ms, remaining),
             // Told exactly the time left, without jitter: its clients are told not to retry.
             Blocked::Quota { remaining_ms } => LocalAnswer {
                 counter: Counter::LocalRejectQuota,
@@ -328,9 +327,22 @@ impl Governor {
         reply
     }
 
+    /// An empty (or refusing) bucket of limit `limit`: the wait and the IETF rate-limit fields.
+    fn limit_answer(&self, limit: usize, wait_ms: u64, remaining: u64) -> LocalAnswer {
+        let l = &self.cfg.limits[limit];
+        let fields = LimitFields {
+            name: l.name.clone(),
+            quota: l.per_minute,
+            window_s: 60,
+            remaining,
+            reset_s: wait_ms.div_ceil(1000),
+        };
+        LocalAnswer::limit(wait_ms.clamp(1, self.cfg.retry_after.max_ms), Some(fields))
+    }
+
     /// A request whose reservation no bucket of this size can ever hold: refused at once, and
     /// its client told not to retry (OpenAI answers "Request too large" the same way).
-    pub(crate) fn too_large(
+    fn too_large(
         &self,
         flow: &Flow,
         limit: usize,

@@ -1,12 +1,27 @@
 //! One stream's state in its worker, from its first callback to its end: what it waits for,
-//! until when, and what it carries to its next callback.
+//! until when, and what it carries to its next callback; and the worker's table of them,
+//! which keeps every wait's deadline in step with its state.
+//!
+//! ```text
+//!  request headers ──► ReadingBody ──┐ (body read, or its wait over)
+//!        │                           ▼
+//!        └────────────────────► admission ──► Held ──(tick: gates open)──┐
+//!                                  │  │                                  │
+//!                                  │  └──► ReplyPending ──► answered      │
+//!                                  ▼                                     ▼
+//!                        AwaitingFleet ──(verdict)──► Upstream ◄─────────┘
+//!                                                       │  ▲
+//!                          response headers: error ──► AwaitingErrorBody (body or its wait)
+//! ```
+//! A stream that is in no state (not in the table) is done: answered locally, ended, or
+//! never governed.
 
-use crate::fleet::{Ask, Said};
-use crate::flow::Flow;
+use crate::fleet::ask::FleetAsk;
 use crate::headers::WireHeaders;
 use crate::reply::LocalReply;
+use crate::request::Flow;
 use crate::usage::UsageScanner;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Error bodies are small; past this much, classify from what arrived.
@@ -49,46 +64,54 @@ pub(crate) enum Stream {
         arrived: Vec<u8>,
     },
     /// Admitted locally, it waits for the fleet's service to answer for its fleet limits.
-    AwaitingFleet(FleetWait),
-}
-
-/// A request whose fleet limits were asked: the calls (`first_seq` on, one per ask), what each
-/// answer said so far, and what the request needs when they are all in (or overdue).
-#[derive(Debug)]
-pub(crate) struct FleetWait {
-    pub(crate) flow: Flow,
-    pub(crate) budget_ms: u64,
-    pub(crate) body_ended: bool,
-    pub(crate) sent_ms: u64,
-    pub(crate) until_ms: u64,
-    pub(crate) first_seq: u32,
-    pub(crate) asks: Vec<Ask>,
-    /// How many of `asks` were sent: the first stage (`fleet::first_stage`), then all.
-    pub(crate) sent: usize,
-    pub(crate) said: Vec<Option<Said>>,
+    AwaitingFleet {
+        flow: Flow,
+        body_ended: bool,
+        ask: FleetAsk,
+    },
 }
 
 impl Stream {
     /// When its wait is overdue, for the states that wait on time.
-    pub(crate) fn until_ms(&self) -> Option<u64> {
+    fn until_ms(&self) -> Option<u64> {
         match self {
             Stream::ReadingBody(read) => Some(read.until_ms),
             Stream::ReplyPending { until_ms, .. } | Stream::AwaitingErrorBody { until_ms, .. } => {
                 Some(*until_ms)
             }
-            Stream::AwaitingFleet(w) => Some(w.until_ms),
+            Stream::AwaitingFleet { ask, .. } => Some(ask.until_ms()),
             Stream::Held { .. } | Stream::Upstream { .. } => None,
+        }
+    }
+
+    pub(crate) fn stage(&self) -> Stage {
+        match self {
+            Stream::ReadingBody(_) => Stage::ReadingBody,
+            Stream::Held { .. } => Stage::Held,
+            Stream::ReplyPending { .. } => Stage::ReplyPending,
+            Stream::Upstream { .. } => Stage::Upstream,
+            Stream::AwaitingErrorBody { .. } => Stage::AwaitingErrorBody,
+            Stream::AwaitingFleet { .. } => Stage::AwaitingFleet,
+        }
+    }
+
+    /// Whether the request's body has ended, for the states that keep the request paused.
+    pub(crate) fn body_ended(&mut self) -> Option<&mut bool> {
+        match self {
+            Stream::Held { body_ended } | Stream::AwaitingFleet { body_ended, .. } => {
+                Some(body_ended)
+            }
+            _ => None,
         }
     }
 }
 
-/// A request paused for its body: its flow, hold budget and declared length, and whether any
-/// of the body has reached the filter (until then it waits `BODY_WAIT_MS`: without
+/// A request paused for its body: its flow and declared length, and whether any of the body
+/// has reached the filter (until then it waits `BODY_WAIT_MS`: without
 /// `allow_on_headers_stop_iteration` Envoy delivers none).
 #[derive(Debug)]
 pub(crate) struct BodyRead {
     pub(crate) flow: Flow,
-    pub(crate) budget_ms: u64,
     pub(crate) content_length: usize,
     pub(crate) until_ms: u64,
     pub(crate) seen: bool,
@@ -120,7 +143,7 @@ impl BodyCapability {
 
 /// Context ids are small integers handed out in order: a multiply spreads them.
 #[derive(Default)]
-pub(crate) struct IdHasher(u64);
+struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -137,7 +160,71 @@ impl Hasher for IdHasher {
     }
 }
 
-pub(crate) type Streams = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+/// A worker's streams by id, and (until, id) of every one that waits on time.
+#[derive(Default)]
+pub(crate) struct Streams {
+    map: HashMap<u32, Stream, BuildHasherDefault<IdHasher>>,
+    due: BTreeSet<(u64, u32)>,
+}
+
+impl Streams {
+    pub(crate) fn get(&self, id: u32) -> Option<&Stream> {
+        self.map.get(&id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Stream> {
+        self.map.get_mut(&id)
+    }
+
+    /// Put stream `id` in `state`, keeping the waits' deadlines in step.
+    pub(crate) fn set(&mut self, id: u32, state: Stream) {
+        if let Some(until) = state.until_ms() {
+            self.due.insert((until, id));
+        }
+        if let Some(old) = self.map.insert(id, state) {
+            if let Some(until) = old.until_ms() {
+                self.due.remove(&(until, id));
+            }
+        }
+    }
+
+    /// Take stream `id` out of the table (it is done unless put back).
+    pub(crate) fn take(&mut self, id: u32) -> Option<Stream> {
+        let stream = self.map.remove(&id)?;
+        if let Some(until) = stream.until_ms() {
+            self.due.remove(&(until, id));
+        }
+        Some(stream)
+    }
+
+    /// Move the deadline of a `ReadingBody` stream (some of its body came).
+    pub(crate) fn read_longer(&mut self, id: u32, until: u64) {
+        if let Some(Stream::ReadingBody(read)) = self.map.get_mut(&id) {
+            let old = std::mem::replace(&mut read.until_ms, until);
+            self.due.remove(&(old, id));
+            self.due.insert((until, id));
+        }
+    }
+
+    /// The earliest wait's deadline.
+    pub(crate) fn next_due_ms(&self) -> Option<u64> {
+        self.due.first().map(|(until, _)| *until)
+    }
+
+    /// The stream whose wait is overdue at `now`, earliest first, taken off the due list (its
+    /// state stays for the caller to read).
+    pub(crate) fn pop_due(&mut self, now: u64) -> Option<u32> {
+        let &(until, id) = self.due.first()?;
+        (until <= now).then(|| {
+            self.due.pop_first();
+            id
+        })
+    }
+
+    pub(crate) fn waits(&self) -> bool {
+        !self.due.is_empty()
+    }
+}
 
 /// Where a stream is, as a value a test or a log line can show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

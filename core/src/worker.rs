@@ -1,54 +1,49 @@
 //! One worker's streams, from request headers to the stream's end, sans-IO: the host turns its
 //! callbacks into calls here and applies the `Reaction` each returns (effects, then continue or
-//! pause). What a stream waits for, when the wait is due and what happens then is decided
-//! here, once, for every host; a host only supplies the mechanism of waking (`tick` when
-//! `next_due_ms` says, however it keeps time).
+//! pause; `protocol` is how, once for every host). What a stream waits for, when the wait is
+//! due and what happens then is decided here, once, for every host; a host only supplies the
+//! mechanism of waking (`tick` when `next_due_ms` says, however it keeps time).
 //!
-//! A stream's state (`Stream`) lives in the worker's map from its first callback until its end;
-//! a stream that is not in the map is done (answered locally, or never governed).
+//! The Worker sequences; it decides nothing a job's own type decides: admission and the hold
+//! (`hold`), the fleet's answers (`fleet::ask`), what a response means (`response`), local
+//! answers (`reply`). A stream's state (`stream::Stream`) lives in the worker's table from its
+//! first callback until its end.
 
-use crate::classify;
-use crate::config::OnError;
 use crate::deadline;
-pub use crate::effects::{Action, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
+pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::{
-    first_stage, refusal_wait_ms, Ask, FleetCharge, Said, ServiceCall, ServiceReply,
-};
+use crate::fleet::ask::{self, FleetAsk, Progress, Verdict};
+use crate::fleet::calls::{Calls, Owner};
+use crate::fleet::grpc::{ServiceCall, ServiceReply, NOT_SENT};
+use crate::fleet::limits::Grant;
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
-use crate::metrics::{Counter, GaugeCache, Histogram};
-use crate::policy::{Blocked, Flow, Governor, RequestView, ResponseStep};
-use crate::reply::{self, HELD_MS_HEADER, STEERING_HEADER};
+use crate::metrics::{Counter, GaugeCache};
+use crate::policy::Governor;
+use crate::reply;
+use crate::request::{FleetCharge, Flow, RequestView, STEERING_HEADER};
+use crate::response::ResponseStep;
 use crate::retry_after::{Random, Xorshift};
-use crate::stream::{BodyCapability, BodyRead, FleetWait, Stream, Streams};
+use crate::stream::{BodyCapability, BodyRead, Stream, Streams};
 pub use crate::stream::{
     Stage, BODY_WAIT_MS, HEADERS_ONLY_FOR_MS, MAX_ERROR_BODY, REQUEST_BODY_WAIT_MS,
 };
 use crate::usage::UsageScanner;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// One worker's state: its streams, holds, waits' deadlines, leases, randomness and gauge cache.
-/// The `Governor` (configuration) is shared by every worker.
+/// One worker's state: its streams, holds, leases, randomness, gauge cache and calls to the
+/// fleet's service. The `Governor` (configuration) is shared by every worker.
 pub struct Worker {
     gov: Arc<Governor>,
     streams: Streams,
     holds: Holds,
-    /// (until, stream id) of every stream that waits on time.
-    due: BTreeSet<(u64, u32)>,
     body: BodyCapability,
     leases: Leases,
     rng: Box<dyn Random + Send>,
     gauges: GaugeCache,
-    /// The next call's sequence number.
-    next_seq: u32,
-    /// Calls owed to the fleet's service that belong to no stream (commits at a stream's
-    /// end, releases of reservations not used): the host sends them from its timer
-    /// (`take_owed`), where a call outlives the stream that owed it.
-    owed: Vec<ServiceCall>,
+    calls: Calls,
 }
 
 /// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the
@@ -76,6 +71,27 @@ macro_rules! borrow_env {
     };
 }
 
+/// Where a request stands when admission decides it: its body ended, how much of it Envoy
+/// holds for the filter now, and whether the request is paused outside its own callback (a
+/// tick, an answer of the service: it must be resumed to go).
+#[derive(Clone, Copy)]
+struct At {
+    body_ended: bool,
+    buffered: usize,
+    from_tick: bool,
+}
+
+impl At {
+    /// A paused request, outside its own callback.
+    fn paused(body_ended: bool) -> At {
+        At {
+            body_ended,
+            buffered: 0,
+            from_tick: true,
+        }
+    }
+}
+
 impl Worker {
     /// A worker over `gov`, its randomness seeded with `seed` (the host's entropy).
     pub fn new(gov: Arc<Governor>, seed: u64) -> Worker {
@@ -88,13 +104,11 @@ impl Worker {
             gov,
             streams: Streams::default(),
             holds: Holds::new(),
-            due: BTreeSet::new(),
             body: BodyCapability::default(),
             leases: Leases::default(),
             rng,
             gauges: GaugeCache::default(),
-            next_seq: 1,
-            owed: Vec::new(),
+            calls: Calls::default(),
         }
     }
 
@@ -114,38 +128,31 @@ impl Worker {
 
     /// The flow of a stream that went upstream (or whose error body is awaited).
     pub fn flow(&self, id: u32) -> Option<&Flow> {
-        match self.streams.get(&id)? {
+        match self.streams.get(id)? {
             Stream::Upstream { flow, .. } | Stream::AwaitingErrorBody { flow, .. } => Some(flow),
             _ => None,
         }
     }
 
     pub fn stage(&self, id: u32) -> Stage {
-        match self.streams.get(&id) {
-            Some(Stream::ReadingBody(_)) => Stage::ReadingBody,
-            Some(Stream::Held { .. }) => Stage::Held,
-            Some(Stream::ReplyPending { .. }) => Stage::ReplyPending,
-            Some(Stream::Upstream { .. }) => Stage::Upstream,
-            Some(Stream::AwaitingErrorBody { .. }) => Stage::AwaitingErrorBody,
-            Some(Stream::AwaitingFleet(_)) => Stage::AwaitingFleet,
-            None => Stage::Done,
-        }
+        self.streams.get(id).map_or(Stage::Done, Stream::stage)
     }
 
     /// Whether `on_response_headers` needs stream `id`'s response headers (it went upstream
     /// governed): a host may skip reading the map for any other.
     pub fn reads_response_headers(&self, id: u32) -> bool {
-        matches!(self.streams.get(&id), Some(Stream::Upstream { .. }))
+        matches!(self.streams.get(id), Some(Stream::Upstream { .. }))
     }
 
-    /// Whether `on_request_body` (`request`) or `on_response_body` would do anything for
-    /// stream `id` now: a host may let any other body chunk through without reading its size.
-    pub fn reads_body(&self, id: u32, request: bool) -> bool {
-        match self.streams.get(&id) {
+    /// Whether a body callback of this direction would do anything for stream `id` now: a host
+    /// may let any other body chunk through without reading its size.
+    pub fn reads_body(&self, id: u32, direction: Direction) -> bool {
+        let request = direction == Direction::Request;
+        match self.streams.get(id) {
             Some(
                 Stream::ReadingBody(_)
                 | Stream::Held { .. }
-                | Stream::AwaitingFleet(_)
+                | Stream::AwaitingFleet { .. }
                 | Stream::ReplyPending { .. },
             ) => request,
             Some(Stream::Upstream { usage, .. }) => !request && usage.is_some(),
@@ -156,8 +163,7 @@ impl Worker {
 
     /// When `tick` next has something to do; None when nothing waits or is held.
     pub fn next_due_ms(&self) -> Option<u64> {
-        let wait = self.due.first().map(|(until, _)| *until);
-        match (wait, self.holds.next_due_ms()) {
+        match (self.streams.next_due_ms(), self.holds.next_due_ms()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -165,63 +171,51 @@ impl Worker {
 
     /// Nothing waits, nothing is held and no call is owed: no tick is needed.
     pub fn is_idle(&self) -> bool {
-        self.due.is_empty() && self.holds.is_empty() && self.owed.is_empty()
+        !self.streams.waits() && self.holds.is_empty() && !self.calls.owes()
     }
 
-    /// The calls owed to the fleet's service that belong to no stream, for the host to send
-    /// from its timer (the root context: they outlive the stream) and to answer with
-    /// `on_service_answer(None, …)`.
+    /// The calls owed to the fleet's service that belong to no stream (commits at a stream's
+    /// end, releases of reservations not used), for the host to send from its timer (they
+    /// outlive the stream) and report with `call_sent` or `call_not_sent`.
     pub fn take_owed(&mut self) -> Vec<ServiceCall> {
-        std::mem::take(&mut self.owed)
+        self.calls.take_owed()
     }
 
-    /// What became of the call `seq` (of stream `stream`, or owed by none): the fleet's
-    /// answer decides the request once every call of its admission is in.
-    pub fn on_service_answer(
+    /// The host sent call `seq` of `stream` (None: an owed call) as `token`; its answer comes
+    /// to `on_call_done` with the same stream and token.
+    pub fn call_sent(&mut self, stream: Option<u32>, token: u64, seq: u32) {
+        self.calls.sent(stream, token, seq);
+    }
+
+    /// The host could not send the owed call `seq`: a failed call.
+    pub fn call_not_sent(&mut self, seq: u32, lent: &mut Lent) {
+        if let Some(pool) = self.calls.not_sent(seq) {
+            lent.metrics.count(pool, Counter::FleetErrors);
+        }
+    }
+
+    /// What became of the call `token` of `stream` (None: owed by no stream). For a stream
+    /// whose admission waited for it: that stream's reaction, to apply outside its callbacks.
+    pub fn on_call_done(
         &mut self,
         stream: Option<u32>,
-        seq: u32,
+        token: u64,
         reply: ServiceReply,
         lent: &mut Lent,
-    ) -> Reaction {
-        let Some(id) = stream else {
-            // A commit or a release: only counted.
-            let c = match reply {
-                ServiceReply::Message(_) => Counter::FleetCallsOk,
-                ServiceReply::Failed(_) => Counter::FleetErrors,
-            };
-            lent.metrics.count(self.gov.cfg.pools.len() - 1, c);
-            return Reaction::none();
-        };
-        let Some(Stream::AwaitingFleet(w)) = self.streams.get_mut(&id) else {
-            return Reaction::none(); // late: the stream went on without it
-        };
-        let at = seq.wrapping_sub(w.first_seq) as usize;
-        if at >= w.sent || w.said[at].is_some() {
-            return Reaction::none();
+    ) -> Option<(u32, Reaction)> {
+        let out = self.calls.done(stream, token)?;
+        match out.owner {
+            Owner::Nobody { pool } => {
+                // A commit or a release: only counted.
+                let c = match reply {
+                    ServiceReply::Message(_) => Counter::FleetCallsOk,
+                    ServiceReply::Failed(_) => Counter::FleetErrors,
+                };
+                lent.metrics.count(pool, c);
+                None
+            }
+            Owner::Stream(id) => Some((id, self.fleet_answer(id, out.seq, reply, lent))),
         }
-        let said = self.gov.said(&w.asks[at], reply);
-        let pool = w.flow.pool;
-        let elapsed = (lent.clock)().saturating_sub(w.sent_ms);
-        lent.metrics
-            .histogram(pool, Histogram::FleetCallMs, elapsed);
-        lent.metrics.count(
-            pool,
-            match said {
-                Said::Ok { .. } => Counter::FleetCallsOk,
-                Said::Over { .. } => Counter::FleetCallsOverLimit,
-                Said::Failed => Counter::FleetErrors,
-            },
-        );
-        w.said[at] = Some(said);
-        let stage = &w.said[..w.sent];
-        if !stage.iter().all(Option::is_some) {
-            return Reaction::none();
-        }
-        if w.sent < w.asks.len() && !stage.iter().any(|s| matches!(s, Some(Said::Over { .. }))) {
-            return self.ask_rest(id, lent);
-        }
-        self.fleet_decided(id, lent)
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -238,11 +232,12 @@ impl Worker {
             // keeps the client from choosing the route, and with it the credential.
             effects.push(Effect::StripSteeringHeader);
         }
-        // A request nothing is cooling or limiting by time is decided without the clock.
+        // A request nothing is cooling or limiting by time is decided on one reading of the
+        // clock, if holding is on (when its hold must end), and without the clock if not.
         let clock = Clock::lazy(lent.clock);
         let g = &*self.gov;
-        let flow = g.flow_for(view);
-        let budget_ms = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
+        let hold_until = deadline::hold_until_ms(&g.cfg.hold, &view.headers, || clock.now());
+        let flow = g.pools().flow_for(view, hold_until);
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             let content_length = view
@@ -252,21 +247,19 @@ impl Worker {
                 .unwrap_or(0);
             let read = BodyRead {
                 flow,
-                budget_ms,
                 content_length,
                 until_ms: clock.now() + BODY_WAIT_MS,
                 seen: false,
             };
-            self.set(id, Stream::ReadingBody(read));
+            self.streams.set(id, Stream::ReadingBody(read));
             return Reaction::new(effects, Action::Pause);
         }
-        let at = BodyAt {
-            done: end_of_stream,
+        let at = At {
+            body_ended: end_of_stream,
             buffered: 0,
             from_tick: false,
-            budget_ms,
         };
-        let mut r = self.admit(id, flow, budget_ms, at, clock, lent);
+        let mut r = self.admit(id, flow, at, clock, lent);
         effects.append(&mut r.effects);
         r.effects = effects;
         r
@@ -280,53 +273,55 @@ impl Worker {
         end_of_stream: bool,
         lent: &mut Lent,
     ) -> Reaction {
-        match self.streams.get_mut(&id) {
+        match self.streams.get_mut(id) {
             Some(Stream::ReadingBody(read)) => {
                 if !read.seen {
                     // Some of it came: the rest gets the longer wait.
                     read.seen = true;
                     self.body.seen();
                     let until = (lent.clock)() + REQUEST_BODY_WAIT_MS;
-                    let old = std::mem::replace(&mut read.until_ms, until);
-                    self.due.remove(&(old, id));
-                    self.due.insert((until, id));
+                    self.streams.read_longer(id, until);
                 }
                 if !end_of_stream && body_size < estimate::MAX_BODY {
-                    return Reaction::new(Vec::new(), Action::Pause); // Envoy buffers it
+                    return Reaction::pause(); // Envoy buffers it
                 }
                 self.admit_read(id, Some(body_size), end_of_stream, lent)
-            }
-            Some(Stream::Held { body_ended })
-            | Some(Stream::AwaitingFleet(FleetWait { body_ended, .. })) => {
-                // Envoy buffers the body until the request is let go; continuing here would
-                // release the held headers too.
-                *body_ended |= end_of_stream;
-                Reaction::new(Vec::new(), Action::Pause)
             }
             Some(Stream::ReplyPending { .. }) if end_of_stream => self.send_pending(id),
             Some(Stream::ReplyPending { .. }) => {
                 let drop = (body_size > 0).then_some(Effect::DropRequestBody(body_size));
                 Reaction::new(drop.into_iter().collect(), Action::Pause)
             }
-            _ => Reaction::go_on(),
+            Some(paused) => match paused.body_ended() {
+                // Held or waiting for the fleet: Envoy buffers the body until the request is
+                // let go; continuing here would release the held headers too.
+                Some(ended) => {
+                    *ended |= end_of_stream;
+                    Reaction::pause()
+                }
+                None => Reaction::go_on(),
+            },
+            None => Reaction::go_on(),
         }
     }
 
     /// The request trailers arrived: its body has ended.
     pub fn on_request_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        match self.streams.get_mut(&id) {
+        match self.streams.get_mut(id) {
             Some(Stream::ReadingBody(_)) => self.admit_read(id, None, true, lent),
-            Some(Stream::Held { body_ended })
-            | Some(Stream::AwaitingFleet(FleetWait { body_ended, .. })) => {
-                *body_ended = true;
-                Reaction::new(Vec::new(), Action::Pause)
-            }
             Some(Stream::ReplyPending { .. }) => self.send_pending(id),
-            _ => Reaction::go_on(),
+            Some(paused) => match paused.body_ended() {
+                Some(ended) => {
+                    *ended = true;
+                    Reaction::pause()
+                }
+                None => Reaction::go_on(),
+            },
+            None => Reaction::go_on(),
         }
     }
 
-    /// The response headers arrived.
+    /// The response headers arrived: `response::Responses` decides what they mean.
     pub fn on_response_headers(
         &mut self,
         id: u32,
@@ -334,63 +329,54 @@ impl Worker {
         end_of_stream: bool,
         lent: &mut Lent,
     ) -> Reaction {
-        let Some(Stream::Upstream { flow, usage }) = self.streams.get_mut(&id) else {
+        let Some(Stream::Upstream { flow, usage }) = self.streams.get_mut(id) else {
             return Reaction::go_on();
         };
-        let mut effects = Vec::new();
-        // What the client and the access log learn about a steered or held request.
-        let steered = self
-            .gov
-            .steered_to(flow)
-            .map(|n| (STEERING_HEADER, n.to_string()));
-        let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
-        let told: Vec<(&'static str, String)> = steered.into_iter().chain(held).collect();
-        if !told.is_empty() {
-            set_headers(&mut effects, told);
-        }
         let status = headers
             .get_str(":status")
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
-        let charged = !flow.charges.is_empty() || flow.fleet_charged();
-        let scan_usage = charged && (200..300).contains(&status) && !end_of_stream;
-        let governed = classify::is_governed_status(status);
-        // An error the provider sent used no tokens: its reservations are given back. Envoy's
-        // own errors (a reset, a timeout) say nothing of what the provider did: kept.
-        let refund = status >= 400 && flow.reserves();
-        let upstream = !(governed || refund) || lent.io.answered_by_upstream(id);
+        let io = &mut *lent.io;
+        let mut from_upstream = || io.answered_by_upstream(id);
         // A plain success needs no time (nothing cools, nothing waits): the clock is read only
         // when the policy asks, once.
-        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
-        if governed && !upstream {
-            // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
-            // provider saying "not now": leave it ungoverned.
-            g.on_envoy_response(flow, &mut env);
-            return Reaction::new(effects, Action::Continue);
+        let clock = Clock::lazy(lent.clock);
+        let Worker {
+            gov,
+            leases,
+            rng,
+            gauges,
+            body,
+            ..
+        } = self;
+        let mut metrics = gauges.over(&mut *lent.metrics);
+        let mut env = Env {
+            store: lent.store,
+            metrics: &mut metrics,
+            rng: &mut **rng,
+            leases,
+            clock,
+        };
+        let responses = gov.responses();
+        let decided =
+            responses.on_headers(flow, status, headers, end_of_stream, &mut from_upstream, &mut env);
+        let mut effects = Vec::new();
+        if !decided.told.is_empty() {
+            set_headers(&mut effects, decided.told);
         }
-        if refund && upstream {
-            g.on_upstream_error(flow, &mut env);
-        }
-        let body_available = self.body.expected(|| env.now());
-        let step = g.on_response_headers(
-            flow,
-            status,
-            headers,
-            end_of_stream,
-            body_available,
-            &mut env,
-        );
-        if scan_usage {
+        if decided.scan_usage {
             *usage = Some(UsageScanner::new());
         }
-        match step {
-            ResponseStep::Rewrite(governed) => {
-                set_headers(&mut effects, governed.headers);
-                Reaction::new(effects, Action::Continue)
+        let governed = match decided.step {
+            ResponseStep::Pass => return Reaction::new(effects, Action::Continue),
+            ResponseStep::Rewrite(governed) => Some(governed),
+            ResponseStep::NeedBody if !body.expected(|| env.now()) => {
+                // Body callbacks do not come now: classified by status and headers alone.
+                responses.on_error_body(flow, status, headers, &[], &mut env)
             }
             ResponseStep::NeedBody => {
                 let until_ms = env.now() + BODY_WAIT_MS;
-                if let Some(Stream::Upstream { flow, .. }) = self.streams.remove(&id) {
+                if let Some(Stream::Upstream { flow, .. }) = self.streams.take(id) {
                     let wait = Stream::AwaitingErrorBody {
                         flow,
                         status,
@@ -398,12 +384,15 @@ impl Worker {
                         until_ms,
                         arrived: Vec::new(),
                     };
-                    self.set(id, wait);
+                    self.streams.set(id, wait);
                 }
-                Reaction::new(effects, Action::Pause)
+                return Reaction::new(effects, Action::Pause);
             }
-            ResponseStep::Pass => Reaction::new(effects, Action::Continue),
+        };
+        if let Some(g) = governed {
+            set_headers(&mut effects, g.headers);
         }
+        Reaction::new(effects, Action::Continue)
     }
 
     /// A part of the response body arrived; `body_size` is what Envoy buffers for the filter.
@@ -414,7 +403,7 @@ impl Worker {
         end_of_stream: bool,
         lent: &mut Lent,
     ) -> Reaction {
-        match self.streams.get_mut(&id) {
+        match self.streams.get_mut(id) {
             Some(Stream::Upstream {
                 usage: Some(scanner),
                 ..
@@ -431,7 +420,7 @@ impl Worker {
                 if body_size > arrived.len() {
                     *arrived = lent.io.response_body(id, body_size.min(MAX_ERROR_BODY));
                 }
-                Reaction::new(Vec::new(), Action::Pause)
+                Reaction::pause()
             }
             Some(Stream::AwaitingErrorBody { .. }) => {
                 self.body.seen();
@@ -443,62 +432,49 @@ impl Worker {
 
     /// The response trailers arrived.
     pub fn on_response_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        match self.streams.get(&id) {
+        match self.streams.get(id) {
             Some(Stream::AwaitingErrorBody { .. }) => self.classify_awaited(id, false, lent),
             _ => Reaction::go_on(),
         }
     }
 
     /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
-    /// took, charge what the provider reported. A second call does nothing.
+    /// took, charge what the provider reported, and drop its calls still out. A second call
+    /// does nothing.
     pub fn on_end(&mut self, id: u32, lent: &mut Lent) {
-        let Some(stream) = self.take_stream(id) else {
+        self.calls.forget(id);
+        let Some(stream) = self.streams.take(id) else {
             return;
         };
         // Most streams owe nothing at their end: the clock is read only for those that do.
-        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
-        let mut settled = Vec::new();
-        match stream {
-            Stream::Upstream { mut flow, usage } => {
-                let usage = usage.and_then(|s| s.total());
-                if flow.owes_at_end() || usage.is_some() {
-                    g.on_stream_end(&mut flow, usage, &mut env);
+        let (pool, owed) = {
+            borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+            match stream {
+                Stream::Upstream { flow, usage } => {
+                    let usage = usage.and_then(|s| s.total());
+                    if !flow.owes_at_end() && usage.is_none() {
+                        return;
+                    }
+                    settle(g, flow, usage, &mut env)
                 }
-                settled = flow.fleet.map(|f| f.charges).unwrap_or_default();
-            }
-            Stream::AwaitingErrorBody { mut flow, .. } => {
-                if flow.owes_at_end() {
-                    g.on_stream_end(&mut flow, None, &mut env);
+                Stream::AwaitingErrorBody { flow, .. } if flow.owes_at_end() => {
+                    settle(g, flow, None, &mut env)
                 }
-                settled = flow.fleet.map(|f| f.charges).unwrap_or_default();
-            }
-            Stream::Held { .. } => {
-                holds.forget(id, &mut env);
-            }
-            Stream::AwaitingFleet(w) => {
-                // Gone before the fleet answered: what it took locally goes back, and what
-                // the fleet reserved for it so far is released.
-                let FleetWait {
-                    mut flow,
-                    asks,
-                    said,
-                    ..
-                } = w;
-                g.limits().undo(&mut flow, &mut env);
-                g.give_back_release(&mut flow, &mut env);
-                for (limit, key, r) in granted(asks, said) {
-                    let seq = next(&mut self.next_seq);
-                    self.owed.push(g.release_call(limit, key, &r, seq));
+                Stream::Held { .. } => {
+                    holds.forget(id, &mut env);
+                    return;
                 }
+                Stream::AwaitingFleet { mut flow, ask, .. } => {
+                    // Gone before the fleet answered: what it took goes back, and what the
+                    // fleet reserved for it so far is released.
+                    g.limits().undo(&mut flow, &mut env);
+                    g.cooldowns().give_back_release(&mut flow, &mut env);
+                    (flow.pool, Owed::Release(ask.abandon()))
+                }
+                _ => return,
             }
-            Stream::ReadingBody(_) | Stream::ReplyPending { .. } => {}
-        }
-        for charge in settled {
-            let seq = next(&mut self.next_seq);
-            if let Some(call) = g.settle_call(&charge, seq) {
-                self.owed.push(call);
-            }
-        }
+        };
+        self.owe(pool, owed);
     }
 
     /// The host could not apply an effect for stream `id`: what to do instead.
@@ -514,12 +490,10 @@ impl Worker {
             // The stream is gone: give back what it took now.
             Failure::Resume => {
                 self.on_end(id, lent);
-                Reaction::new(Vec::new(), Action::Pause)
+                Reaction::pause()
             }
             // A call that could not be sent is a call that failed: the fallback decides.
-            Failure::Call(seq) => {
-                self.on_service_answer(Some(id), seq, ServiceReply::Failed(0), lent)
-            }
+            Failure::Call(seq) => self.fleet_answer(id, seq, ServiceReply::Failed(NOT_SENT), lent),
         }
     }
 
@@ -529,12 +503,8 @@ impl Worker {
     pub fn tick(&mut self, lent: &mut Lent) -> Vec<(u32, Reaction)> {
         let now = (lent.clock)();
         let mut out = Vec::new();
-        while let Some(&(until, id)) = self.due.first() {
-            if until > now {
-                break;
-            }
-            self.due.pop_first();
-            let reaction = match self.streams.get(&id) {
+        while let Some(id) = self.streams.pop_due(now) {
+            let reaction = match self.streams.get(id) {
                 Some(Stream::AwaitingErrorBody { .. }) => {
                     let mut r = self.classify_awaited(id, true, lent);
                     r.effects.push(Effect::ResumeResponse);
@@ -542,15 +512,24 @@ impl Worker {
                     r
                 }
                 Some(Stream::ReplyPending { .. }) => self.send_pending(id),
-                // The service never answered within its timeout: the unanswered calls failed.
-                Some(Stream::AwaitingFleet(w)) => {
-                    let sent = &w.said[..w.sent];
-                    let (pool, n) = (w.flow.pool, sent.iter().filter(|s| s.is_none()).count());
-                    for _ in 0..n {
-                        lent.metrics.count(pool, Counter::FleetErrors);
-                    }
-                    // `fleet_decided` reads an unanswered call as failed.
-                    self.fleet_decided(id, lent)
+                // The service never answered within its timeout: the calls still out failed.
+                Some(Stream::AwaitingFleet { .. }) => {
+                    let Some(Stream::AwaitingFleet {
+                        flow,
+                        body_ended,
+                        ask,
+                    }) = self.streams.take(id)
+                    else {
+                        continue;
+                    };
+                    let verdict = {
+                        borrow_env!(self, lent, Clock::At(now) => g, _holds, env);
+                        match g.fleet() {
+                            Some(fleet) => ask.overdue(fleet, &g.cfg, &mut env),
+                            None => Verdict::Admit(Vec::new()),
+                        }
+                    };
+                    self.fleet_verdict(id, flow, body_ended, verdict, lent)
                 }
                 Some(Stream::ReadingBody(read)) => {
                     // The body is slow, or body callbacks never come: admit on what arrived.
@@ -565,116 +544,85 @@ impl Worker {
             out.push((id, reaction));
         }
         if !self.holds.is_empty() {
-            borrow_env!(self, lent, Clock::At(now) => g, holds, env);
-            let left = holds.tick(g, &mut env);
+            let left = {
+                borrow_env!(self, lent, Clock::At(now) => g, holds, env);
+                holds.tick(g, &mut env)
+            };
             for (id, outcome) in left {
-                let body_ended = match self.take_stream(id) {
+                let body_ended = match self.streams.take(id) {
                     Some(Stream::Held { body_ended }) => body_ended,
                     _ => false,
                 };
-                let budget_ms = match &outcome {
-                    Outcome::Go(flow) => flow.hold_deadline_ms.map_or(0, |d| d.saturating_sub(now)),
-                    _ => 0,
-                };
-                let at = BodyAt {
-                    done: body_ended,
-                    buffered: 0,
-                    from_tick: true,
-                    budget_ms,
-                };
-                out.push((id, self.take(id, outcome, at, &Clock::At(now))));
+                out.push((id, self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now))));
             }
         }
         out
     }
 
-    /// Put stream `id` in `state`, keeping the waits' deadlines in step.
-    fn set(&mut self, id: u32, state: Stream) {
-        if let Some(until) = state.until_ms() {
-            self.due.insert((until, id));
-        }
-        if let Some(old) = self.streams.insert(id, state) {
-            if let Some(until) = old.until_ms() {
-                self.due.remove(&(until, id));
-            }
-        }
-    }
-
-    /// Take stream `id` out of the map (it is done unless put back).
-    fn take_stream(&mut self, id: u32) -> Option<Stream> {
-        let stream = self.streams.remove(&id)?;
-        if let Some(until) = stream.until_ms() {
-            self.due.remove(&(until, id));
-        }
-        Some(stream)
-    }
-
     /// Admission for a request whose flow is built (and estimated, when its body was read):
-    /// the hold state machine decides, `take` carries it out. `clock` is this call's, so the
-    /// time is read at most once.
-    fn admit(
-        &mut self,
-        id: u32,
-        flow: Flow,
-        budget_ms: u64,
-        at: BodyAt,
-        clock: Clock,
-        lent: &mut Lent,
-    ) -> Reaction {
-        borrow_env!(self, lent, clock => g, holds, env);
-        let outcome = holds.request(g, flow, budget_ms, id, &mut env);
-        let clock = env.clock.known().map_or(Clock::lazy(lent.clock), Clock::At);
-        self.take(id, outcome, at, &clock)
+    /// the hold state machine decides, `carry_out` carries it out. `clock` is this call's, so
+    /// the time is read at most once.
+    fn admit(&mut self, id: u32, flow: Flow, at: At, clock: Clock, lent: &mut Lent) -> Reaction {
+        let (outcome, clock) = {
+            borrow_env!(self, lent, clock => g, holds, env);
+            let outcome = holds.request(g, flow, id, &mut env);
+            (outcome, env.clock.known())
+        };
+        let clock = clock.map_or(Clock::lazy(lent.clock), Clock::At);
+        self.carry_out(id, outcome, at, &clock)
     }
 
-    /// Do what admission decided: let it go, hold it, or answer it (once its body has ended,
-    /// so an HTTP/1.1 connection survives the answer).
-    fn take(&mut self, id: u32, outcome: Outcome, at: BodyAt, clock: &Clock) -> Reaction {
-        let BodyAt {
-            done: body_done,
-            buffered,
-            from_tick,
-            budget_ms,
-        } = at;
-        let mut effects = Vec::new();
+    /// Do what the hold decided: admitted here, it goes (by way of the fleet's limits when it
+    /// has any); held, it stays paused; refused, it is answered (once its body has ended, so
+    /// an HTTP/1.1 connection survives the answer).
+    fn carry_out(&mut self, id: u32, outcome: Outcome, at: At, clock: &Clock) -> Reaction {
         match outcome {
-            Outcome::Go(flow) if !self.gov.fleet_limits().is_empty() => {
-                self.ask_fleet(id, flow, body_done, budget_ms, clock)
-            }
-            Outcome::Go(flow) => self.let_go(id, flow, from_tick),
+            Outcome::Go(flow) => match self.gov.fleet() {
+                None => self.let_go(id, flow, at.from_tick),
+                Some(fleet) => {
+                    // Admitted here: ask the fleet's service for its limits, and wait.
+                    let first_seq = self.calls.reserve(FleetAsk::calls_of(fleet));
+                    let (ask, calls) =
+                        FleetAsk::start(fleet, &self.gov.cfg, &flow, first_seq, clock.now());
+                    let body_ended = at.body_ended;
+                    let waiting = Stream::AwaitingFleet {
+                        flow,
+                        body_ended,
+                        ask,
+                    };
+                    self.streams.set(id, waiting);
+                    let effects = calls.into_iter().map(Effect::CallService).collect();
+                    Reaction::new(effects, Action::Pause)
+                }
+            },
             Outcome::Held => {
-                self.set(
-                    id,
-                    Stream::Held {
-                        body_ended: body_done,
-                    },
-                );
-                Reaction::new(effects, Action::Pause)
+                let body_ended = at.body_ended;
+                self.streams.set(id, Stream::Held { body_ended });
+                Reaction::pause()
             }
             Outcome::Reply(_, reply) => {
-                effects.push(Effect::AccessLog(reply::access_log(&reply.headers)));
-                if body_done || !self.body.expected(|| clock.now()) {
-                    self.take_stream(id);
+                let mut effects = vec![Effect::AccessLog(reply::access_log(&reply.headers))];
+                if at.body_ended || !self.body.expected(|| clock.now()) {
                     effects.push(Effect::SendReply(reply));
                 } else {
-                    if buffered > 0 {
-                        effects.push(Effect::DropRequestBody(buffered));
+                    if at.buffered > 0 {
+                        effects.push(Effect::DropRequestBody(at.buffered));
                     }
                     let until_ms = clock.now() + REQUEST_BODY_WAIT_MS;
-                    self.set(id, Stream::ReplyPending { reply, until_ms });
+                    self.streams.set(id, Stream::ReplyPending { reply, until_ms });
                 }
                 Reaction::new(effects, Action::Pause)
             }
         }
     }
 
-    /// Forward a request admitted (locally, and by the fleet when it has fleet limits).
+    /// Forward a request every limit admitted.
     fn let_go(&mut self, id: u32, flow: Flow, from_tick: bool) -> Reaction {
         let mut effects = Vec::new();
-        if let Some(name) = self.gov.steered_to(&flow) {
+        if let Some(name) = self.gov.pools().steered_to(&flow) {
             effects.push(Effect::Steer(name.to_string()));
         }
-        self.set(id, Stream::Upstream { flow, usage: None });
+        self.streams.set(id, Stream::Upstream { flow, usage: None });
         if from_tick {
             effects.push(Effect::ResumeRequest);
             return Reaction::new(effects, Action::Pause);
@@ -682,180 +630,124 @@ impl Worker {
         Reaction::new(effects, Action::Continue)
     }
 
-    /// Admitted locally: ask the fleet's service for every fleet limit (the reservations
-    /// first when there are other asks, `fleet::first_stage`) and wait.
-    #[inline(never)]
-    fn ask_fleet(
-        &mut self,
-        id: u32,
-        flow: Flow,
-        body_ended: bool,
-        budget_ms: u64,
-        clock: &Clock,
-    ) -> Reaction {
-        let asks = self.gov.fleet_asks(&flow);
-        // Every ask's seq now: an answer's seq says which ask it is, whichever stage sent it.
-        let first_seq = self.next_seq;
-        for _ in &asks {
-            next(&mut self.next_seq);
+    /// An answer (or a failure to send) of call `seq` of stream `id`'s admission.
+    fn fleet_answer(&mut self, id: u32, seq: u32, reply: ServiceReply, lent: &mut Lent) -> Reaction {
+        if !matches!(self.streams.get(id), Some(Stream::AwaitingFleet { .. })) {
+            return Reaction::pause(); // late: the stream went on without it
         }
-        let end = first_stage(&asks);
-        let wait = FleetWait {
+        let Some(Stream::AwaitingFleet {
             flow,
-            budget_ms,
             body_ended,
-            sent_ms: 0,
-            until_ms: 0,
-            first_seq,
-            sent: 0,
-            said: vec![None; asks.len()],
-            asks,
+            mut ask,
+        }) = self.streams.take(id)
+        else {
+            return Reaction::pause();
         };
-        self.send_asks(id, wait, end, clock.now())
-    }
-
-    /// Every reservation of the first stage was granted (or failed: the fallback decides it):
-    /// ask the rest.
-    fn ask_rest(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        let Some(Stream::AwaitingFleet(wait)) = self.take_stream(id) else {
-            return Reaction::none();
+        let progress = {
+            borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
+            match g.fleet() {
+                Some(fleet) => ask.answer(fleet, &g.cfg, seq, reply, &mut env),
+                None => Progress::Done(Verdict::Admit(Vec::new())),
+            }
         };
-        let end = wait.asks.len();
-        self.send_asks(id, wait, end, (lent.clock)())
-    }
-
-    /// Send the asks of `wait` from the first not sent up to `end`, and wait for them until
-    /// the service's timeout (and the slack for an answer Envoy never delivers).
-    fn send_asks(&mut self, id: u32, mut wait: FleetWait, end: usize, now: u64) -> Reaction {
-        let effects = (wait.sent..end)
-            .map(|i| {
-                let seq = wait.first_seq.wrapping_add(i as u32);
-                Effect::CallService(self.gov.ask_call(&wait.asks[i], seq))
-            })
-            .collect();
-        let timeout = self.gov.cfg.fleet.as_ref().map_or(0, |f| f.timeout_ms);
-        wait.sent = end;
-        wait.sent_ms = now;
-        wait.until_ms = now + timeout + crate::fleet::ANSWER_SLACK_MS;
-        self.set(id, Stream::AwaitingFleet(wait));
+        let effects = match progress {
+            Progress::Done(verdict) => return self.fleet_verdict(id, flow, body_ended, verdict, lent),
+            Progress::Waiting => Vec::new(),
+            Progress::Send(calls) => calls.into_iter().map(Effect::CallService).collect(),
+        };
+        let waiting = Stream::AwaitingFleet {
+            flow,
+            body_ended,
+            ask,
+        };
+        self.streams.set(id, waiting);
         Reaction::new(effects, Action::Pause)
     }
 
-    /// Every call of a request's admission is in (or overdue): go, or be held or answered as
-    /// the fleet (or, for calls that failed, `fleet.on_error`) says.
-    #[inline(never)]
-    fn fleet_decided(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        let Some(Stream::AwaitingFleet(w)) = self.take_stream(id) else {
-            return Reaction::none();
-        };
-        let FleetWait {
-            mut flow,
-            budget_ms,
-            body_ended,
-            asks,
-            said,
-            ..
-        } = w;
-        let said: Vec<Said> = said
-            .into_iter()
-            .map(|s| s.unwrap_or(Said::Failed))
-            .collect();
-        let on_error = self
-            .gov
-            .cfg
-            .fleet
-            .as_ref()
-            .map_or(OnError::Local, |f| f.on_error);
-        let default_ms = self.gov.cfg.retry_after.default_ms;
-        let mut owed = Vec::new();
-        let mut now = None;
-        let outcome = {
+    /// Carry out the fleet's verdict on a request admitted here: it goes; or it gives back
+    /// what it took (the local takes, the pace's release, the fleet's reservations) and waits
+    /// or is answered, as any refused request.
+    fn fleet_verdict(
+        &mut self,
+        id: u32,
+        mut flow: Flow,
+        body_ended: bool,
+        verdict: Verdict,
+        lent: &mut Lent,
+    ) -> Reaction {
+        let (outcome, releases, now) = {
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
-            let over = asks.iter().zip(&said).find_map(|(a, s)| match s {
-                Said::Over { wait_ms } => Some((a.limit, *wait_ms)),
-                _ => None,
-            });
-            let failed: Vec<usize> = asks
-                .iter()
-                .zip(&said)
-                .filter(|(_, s)| matches!(s, Said::Failed))
-                .map(|(a, _)| a.limit)
-                .collect();
-            let mut refused = None;
-            let mut deny = false;
-            if let Some((limit, wait_ms)) = over {
-                refused = Some(Blocked::Bucket {
+            let refused = match verdict {
+                Verdict::Admit(charges) => Ok(charges),
+                Verdict::Fallback { limits, charges } => {
+                    match g.limits().take_fallback(&mut flow, &limits, &mut env) {
+                        Ok(()) => Ok(charges),
+                        Err(blocked) => Err((blocked, false, ask::released(charges))),
+                    }
+                }
+                Verdict::Refused {
                     limit,
-                    wait_ms: refusal_wait_ms(wait_ms, default_ms, env.rng),
-                    remaining: 0,
-                });
-            } else if !failed.is_empty() {
-                env.metrics.count(flow.pool, Counter::FleetFallback);
-                match on_error {
-                    OnError::Allow => {}
-                    OnError::Deny => {
-                        deny = true;
-                        refused = Some(Blocked::Bucket {
-                            limit: failed[0],
-                            wait_ms: default_ms,
-                            remaining: 0,
-                        });
-                    }
-                    OnError::Local => {
-                        refused = g.limits().take_fallback(&mut flow, &failed, &mut env).err();
-                    }
-                }
-            }
+                    wait_ms,
+                    denied,
+                    release,
+                } => Err((crate::blocked::Blocked::Fleet { limit, wait_ms }, denied, release)),
+            };
             match refused {
-                None => {
-                    for (a, s) in asks.into_iter().zip(said) {
-                        let Said::Ok { reservation } = s else {
-                            continue;
-                        };
-                        if g.cfg.limits[a.limit].kind == crate::config::LimitKind::Tokens {
-                            flow.fleet_mut().charges.push(FleetCharge {
-                                limit: a.limit,
-                                key: a.key,
-                                amount: a.amount,
-                                reservation,
-                                settled: None,
-                            });
-                        }
+                Ok(charges) => {
+                    if !charges.is_empty() {
+                        flow.fleet_mut().charges = charges;
                     }
-                    Outcome::Go(flow)
+                    (Ok(flow), (0, Vec::new()), None)
                 }
-                Some(blocked) => {
-                    // What the request holds goes back: the local takes, the pace's release,
-                    // the fleet's reservations (released at no cost).
-                    owed.extend(granted(asks, said));
+                Err((blocked, denied, releases)) => {
                     g.limits().undo(&mut flow, &mut env);
-                    g.give_back_release(&mut flow, &mut env);
-                    now = Some(env.now());
-                    if deny {
-                        let reply = g.reply_for(&flow, &blocked, &mut env);
+                    g.cooldowns().give_back_release(&mut flow, &mut env);
+                    let pool = flow.pool;
+                    let outcome = if denied {
+                        let reply = g.replies().reply_for(&flow, &blocked, &mut env);
                         Outcome::Reply(flow, reply)
                     } else {
-                        holds.refused(g, flow, blocked, budget_ms, id, &mut env)
-                    }
+                        holds.wait(g, flow, blocked, id, &mut env)
+                    };
+                    (Err(outcome), (pool, releases), Some(env.now()))
                 }
             }
         };
-        for (limit, key, r) in owed {
-            let seq = next(&mut self.next_seq);
-            let call = self.gov.release_call(limit, key, &r, seq);
-            self.owed.push(call);
+        match outcome {
+            Ok(flow) => self.let_go(id, flow, true),
+            Err(outcome) => {
+                let (pool, grants) = releases;
+                self.owe(pool, Owed::Release(grants));
+                let clock = now.map_or(Clock::lazy(lent.clock), Clock::At);
+                self.carry_out(id, outcome, At::paused(body_ended), &clock)
+            }
         }
-        if let Outcome::Go(flow) = outcome {
-            return self.let_go(id, flow, true);
-        }
-        let at = BodyAt {
-            done: body_ended,
-            buffered: 0,
-            from_tick: true,
-            budget_ms,
+    }
+
+    /// Owe the service what a request leaves behind, from the host's timer: a commit of each
+    /// token budget it was charged, or a release (a Commit of 0) of each reservation it will
+    /// not use.
+    fn owe(&mut self, pool: usize, owed: Owed) {
+        let Some(fleet) = self.gov.fleet() else {
+            return;
         };
-        let clock = now.map_or(Clock::lazy(lent.clock), Clock::At);
-        self.take(id, outcome, at, &clock)
+        let cfg = &self.gov.cfg;
+        match owed {
+            Owed::Settle(charges) => {
+                for charge in &charges {
+                    let seq = self.calls.reserve(1);
+                    if let Some(call) = fleet.settle_call(cfg, charge, seq) {
+                        self.calls.owe(pool, call);
+                    }
+                }
+            }
+            Owed::Release(grants) => {
+                for grant in &grants {
+                    let seq = self.calls.reserve(1);
+                    self.calls.owe(pool, fleet.release_call(cfg, grant, seq));
+                }
+            }
+        }
     }
 
     /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
@@ -865,10 +757,10 @@ impl Worker {
         &mut self,
         id: u32,
         body_size: Option<usize>,
-        body_done: bool,
+        body_ended: bool,
         lent: &mut Lent,
     ) -> Reaction {
-        let Some(Stream::ReadingBody(read)) = self.take_stream(id) else {
+        let Some(Stream::ReadingBody(read)) = self.streams.take(id) else {
             return Reaction::go_on();
         };
         let bound = body_size
@@ -876,29 +768,24 @@ impl Worker {
             .min(estimate::MAX_BODY);
         let prefix = lent.io.request_body(id, bound);
         let total = body_size.unwrap_or(prefix.len()).max(read.content_length);
-        let BodyRead {
-            mut flow,
-            budget_ms,
-            ..
-        } = read;
-        self.gov.on_request_body(&mut flow, &prefix, total);
-        let at = BodyAt {
-            done: body_done,
+        let mut flow = read.flow;
+        self.gov.pools().on_request_body(&mut flow, &prefix, total);
+        let at = At {
+            body_ended,
             buffered: body_size.unwrap_or(0),
-            from_tick: body_size.is_none() && !body_done,
-            budget_ms,
+            from_tick: body_size.is_none() && !body_ended,
         };
-        self.admit(id, flow, budget_ms, at, Clock::lazy(lent.clock), lent)
+        self.admit(id, flow, at, Clock::lazy(lent.clock), lent)
     }
 
     /// The request body ended (or its wait is over): send the answer that waited for it.
     fn send_pending(&mut self, id: u32) -> Reaction {
-        match self.take_stream(id) {
+        match self.streams.take(id) {
             Some(Stream::ReplyPending { reply, .. }) => {
                 Reaction::new(vec![Effect::SendReply(reply)], Action::Pause)
             }
             Some(other) => {
-                self.set(id, other);
+                self.streams.set(id, other);
                 Reaction::go_on()
             }
             None => Reaction::go_on(),
@@ -914,7 +801,7 @@ impl Worker {
             headers,
             arrived,
             ..
-        }) = self.take_stream(id)
+        }) = self.streams.take(id)
         else {
             return Reaction::go_on();
         };
@@ -927,10 +814,13 @@ impl Worker {
         if overdue && body.is_empty() && !self.body.proven {
             self.body_never_came(flow.pool, clock.now(), lent);
         }
-        borrow_env!(self, lent, clock => g, _holds, env);
-        let governed =
-            g.on_response_body(&mut flow, status, &Headers::wire(&headers), &body, &mut env);
-        self.set(id, Stream::Upstream { flow, usage: None });
+        let governed = {
+            borrow_env!(self, lent, clock => g, _holds, env);
+            let headers = Headers::wire(&headers);
+            g.responses()
+                .on_error_body(&mut flow, status, &headers, &body, &mut env)
+        };
+        self.streams.set(id, Stream::Upstream { flow, usage: None });
         let mut effects = Vec::new();
         if let Some(g) = governed {
             set_headers(&mut effects, g.headers);
@@ -945,49 +835,31 @@ impl Worker {
             log::warn!(
                 "llm_governor: a held body never arrived; for a minute, errors are classified from \
                  status and headers alone and token limits charge after the response instead of \
-                 reserving. Set allow_on_headers_stop_iteration: true in the wasm plugin config so \
-                 quota errors can be told from rate limits and requests can be estimated"
+                 reserving. In the proxy-wasm module, set allow_on_headers_stop_iteration: true \
+                 in the plugin config so quota errors can be told from rate limits and requests \
+                 can be estimated"
             );
         }
     }
 }
 
-/// Where a request stands when admission decides it: its body ended, how much of it Envoy
-/// holds for the filter now, whether the request is paused by a tick (it must be resumed to
-/// go), and how long it may still be held.
-#[derive(Clone, Copy)]
-struct BodyAt {
-    done: bool,
-    buffered: usize,
-    from_tick: bool,
-    budget_ms: u64,
+/// What a request leaves the fleet's service owed when it is done.
+enum Owed {
+    /// Its token budgets, to commit with what the stream used.
+    Settle(Vec<FleetCharge>),
+    /// Reservations it will not use.
+    Release(Vec<Grant>),
 }
 
-/// A sequence number for the next call.
-fn next(seq: &mut u32) -> u32 {
-    let n = *seq;
-    *seq = seq.wrapping_add(1).max(1);
-    n
+/// The stream of `flow` is over: settle it (slots, pace, usage); what it owes the fleet.
+fn settle(g: &Governor, mut flow: Flow, usage: Option<u64>, env: &mut Env) -> (usize, Owed) {
+    g.responses().on_stream_end(&mut flow, usage, env);
+    let charges = flow.fleet.map(|f| f.charges).unwrap_or_default();
+    (flow.pool, Owed::Settle(charges))
 }
 
 /// Set `headers` on the response and record what the access log reads of them.
 fn set_headers(effects: &mut Vec<Effect>, headers: Vec<(&'static str, String)>) {
     effects.push(Effect::AccessLog(reply::access_log(&headers)));
     effects.push(Effect::SetResponseHeaders(headers));
-}
-
-/// The reservations the fleet granted a request's admission (an answer still missing counts
-/// as none): released when the request does not go on.
-fn granted<S: Into<Option<Said>>>(
-    asks: Vec<Ask>,
-    said: impl IntoIterator<Item = S>,
-) -> impl Iterator<Item = (usize, String, String)> {
-    asks.into_iter()
-        .zip(said)
-        .filter_map(|(a, s)| match s.into() {
-            Some(Said::Ok {
-                reservation: Some(r),
-            }) => Some((a.limit, a.key, r)),
-            _ => None,
-        })
 }

@@ -4,7 +4,7 @@
 //! `kuadrant.service.ratelimit.v1` Reserve and Commit (a token budget reserved before the call
 //! and settled after it). Field numbers are the services' own; a host only moves the bytes.
 //!
-//! `fleet` says what is asked and what an answer means; the worker sends them.
+//! `fleet::limits` says what is asked, `fleet::ask` what an answer means; the worker sends them.
 //!
 //! Decoding takes whatever a service sends: unknown fields are skipped by their wire type (as
 //! proto3 does), and a truncated or malformed message is an error value, never a panic.

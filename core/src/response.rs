@@ -1,15 +1,21 @@
-//! What a response means for the (pool, account) it came from, and what the client is told.
+//! What a response means, decided in one room: for the (pool, account) it came from (its
+//! cooldown, its pace, the provider's gauges), for what the request took (a refund when the
+//! provider counted nothing, usage to settle), and for what the client is told (the governed
+//! headers, and that it was held or steered). Envoy's own answers (a reset, a timeout) are
+//! told apart from the provider's here too.
 
+use crate::admission::Admission;
 use crate::classify::{self, Class};
-use crate::config::Pool;
+use crate::config::{Config, Pool};
 use crate::cooldown::{Answer, Wanted};
+use crate::cooldowns::Cooldowns;
 use crate::env::Env;
-use crate::flow::Flow;
 use crate::headers::Headers;
+use crate::limits::Limits;
 use crate::metrics::{Counter, Gauge, Histogram, Metrics};
-use crate::policy::Governor;
 use crate::ratelimit::{self, Snapshot};
-use crate::reply::{self, AnswerSource};
+use crate::reply::{self, AnswerSource, HELD_MS_HEADER};
+use crate::request::{Flow, STEERING_HEADER};
 use crate::retry_after;
 
 /// What a client is told after an upstream "not now" when a fallback has room: come back at
@@ -40,59 +46,111 @@ pub struct Governed {
 pub enum ResponseStep {
     /// Not a governed response: let it through untouched.
     Pass,
-    /// Hold the headers: the class depends on the error body.
+    /// Hold the headers: the class depends on the error body (`on_error_body`, or with none
+    /// when the body cannot come).
     NeedBody,
     /// Rewrite the response headers and let it through.
     Rewrite(Governed),
 }
 
-impl Governor {
-    /// The response headers arrived. Export the provider's rate-limit headers, start a
-    /// preemptive cooldown when they say nothing is left, report to the pace, and decide
-    /// whether this is a governed response and whether its body is needed.
-    pub fn on_response_headers(
+/// What the response headers of a governed stream mean.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// What the client and the access log learn of a request that was steered or held.
+    pub told: Vec<(&'static str, String)>,
+    pub step: ResponseStep,
+    /// Read the body: a success of a request that is charged its usage reports it there.
+    pub scan_usage: bool,
+}
+
+/// The response side of a configuration.
+#[derive(Clone, Copy)]
+pub struct Responses<'a> {
+    cfg: &'a Config,
+    cooldowns: Cooldowns<'a>,
+    limits: Limits<'a>,
+    admission: Admission<'a>,
+}
+
+impl<'a> Responses<'a> {
+    pub fn new(
+        cfg: &'a Config,
+        cooldowns: Cooldowns<'a>,
+        limits: Limits<'a>,
+        admission: Admission<'a>,
+    ) -> Responses<'a> {
+        Responses {
+            cfg,
+            cooldowns,
+            limits,
+            admission,
+        }
+    }
+
+    /// The response headers of a request that went upstream arrived. Export the provider's
+    /// rate-limit headers, start a preemptive cooldown when they say nothing is left, report
+    /// to the pace, give back the reservations of an error the provider counted nothing for,
+    /// and decide whether this is a governed response and whether its body is needed.
+    /// `from_upstream` asks the host whether the response is the provider's or Envoy's own
+    /// (asked only when it matters: a governed status or a refund).
+    pub fn on_headers(
         &self,
         flow: &mut Flow,
         status: u16,
         headers: &Headers,
         end_of_stream: bool,
-        body_available: bool,
+        from_upstream: &mut dyn FnMut() -> bool,
         env: &mut Env,
-    ) -> ResponseStep {
+    ) -> Decision {
+        let steered = (flow.pool != flow.home_pool)
+            .then(|| (STEERING_HEADER, self.cfg.pools[flow.pool].name.clone()));
+        let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
+        let told = steered.into_iter().chain(held).collect();
+        let scan_usage = flow.charged() && (200..300).contains(&status) && !end_of_stream;
+        let governed = classify::is_governed_status(status);
+        // An error the provider sent used no tokens: its reservations are given back. Envoy's
+        // own errors (a reset, a timeout) say nothing of what the provider did: kept.
+        let refund = status >= 400 && flow.reserves();
+        let upstream = !(governed || refund) || from_upstream();
+        if governed && !upstream {
+            // Envoy's own 503 (upstream reset, connect failure, no healthy host) is not the
+            // provider saying "not now": leave it ungoverned. The pace only learns that the
+            // released request will not answer.
+            self.cooldowns.answer_pace(flow, Answer::Other, env);
+            let step = ResponseStep::Pass;
+            return Decision {
+                told,
+                step,
+                scan_usage: false,
+            };
+        }
+        if refund && upstream {
+            self.limits.refund(flow, env);
+        }
         let snap = ratelimit::parse(headers, &|| env.now());
         export_gauges(flow.pool, &snap, env.metrics);
-        if !classify::is_governed_status(status) {
+        let step = if !governed {
             if (200..300).contains(&status) {
                 self.on_success(flow, &snap, env);
             } else {
-                self.answer_pace(flow, Answer::Other, env);
+                self.cooldowns.answer_pace(flow, Answer::Other, env);
             }
-            return ResponseStep::Pass;
-        }
-        if classify::needs_body(status) && !end_of_stream && body_available {
-            return ResponseStep::NeedBody;
-        }
-        self.govern(flow, status, headers, &[], &snap, env)
-            .map_or(ResponseStep::Pass, ResponseStep::Rewrite)
-    }
-
-    /// The provider answered with an error of its own (not Envoy's): it used no tokens, so
-    /// the flow's reservations are given back in full.
-    pub fn on_upstream_error(&self, flow: &mut Flow, env: &mut Env) {
-        if flow.reserves() {
-            self.limits().refund(flow, env);
+            ResponseStep::Pass
+        } else if classify::needs_body(status) && !end_of_stream {
+            ResponseStep::NeedBody
+        } else {
+            self.govern(flow, status, headers, &[], &snap, env)
+                .map_or(ResponseStep::Pass, ResponseStep::Rewrite)
+        };
+        Decision {
+            told,
+            step,
+            scan_usage,
         }
     }
 
-    /// Envoy answered this request itself (an upstream reset or connect failure, a timeout):
-    /// not the provider's word, so nothing is classified or cooled. The pace only learns that
-    /// the released request will not answer.
-    pub fn on_envoy_response(&self, flow: &mut Flow, env: &mut Env) {
-        self.answer_pace(flow, Answer::Other, env);
-    }
-
-    /// The (bounded prefix of the) error body of a held response arrived.
-    pub fn on_response_body(
+    /// The (bounded prefix of the) error body of a held response arrived, or none can come.
+    pub fn on_error_body(
         &self,
         flow: &mut Flow,
         status: u16,
@@ -107,19 +165,14 @@ impl Governor {
     /// The stream is over, however it ended: give back its slots, tell the pace if its answer
     /// never came, and charge the tokens the provider reported.
     pub fn on_stream_end(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
-        self.limits().release_slots(flow, env);
-        self.answer_pace(flow, Answer::Other, env);
+        self.limits.release_slots(flow, env);
+        self.cooldowns.answer_pace(flow, Answer::Other, env);
         if let Some(tokens) = usage {
-            self.limits().on_usage(flow, tokens, env);
+            self.limits.on_usage(flow, tokens, env);
         }
     }
 
-    /// Charge the tokens the provider reported to the flow's token budgets.
-    pub fn on_usage(&self, flow: &mut Flow, tokens: u64, env: &mut Env) {
-        self.limits().on_usage(flow, tokens, env);
-    }
-
-    pub(crate) fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
+    fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
         if flow.client_retry {
             env.metrics
                 .count(flow.home_pool, Counter::SucceededAfterRetry);
@@ -144,7 +197,7 @@ impl Governor {
                 let answer = Answer::NotNow {
                     requests_left: false,
                 };
-                if self.cool(flow, wanted, 0, answer, env) {
+                if self.cooldowns.cool(flow, wanted, 0, answer, env) {
                     env.metrics.count(flow.pool, Counter::PreemptiveCooldown);
                 }
                 return;
@@ -156,11 +209,11 @@ impl Governor {
             let answer = Answer::Success {
                 remaining: snap.requests_that_fit(need),
             };
-            self.cool(flow, None, 0, answer, env);
+            self.cooldowns.cool(flow, None, 0, answer, env);
         }
     }
 
-    pub(crate) fn govern(
+    fn govern(
         &self,
         flow: &mut Flow,
         status: u16,
@@ -170,7 +223,7 @@ impl Governor {
         env: &mut Env,
     ) -> Option<Governed> {
         let Some(class) = classify::classify(status, body) else {
-            self.answer_pace(flow, Answer::Other, env);
+            self.cooldowns.answer_pace(flow, Answer::Other, env);
             return None;
         };
         let pool: &Pool = &self.cfg.pools[flow.pool];
@@ -201,8 +254,8 @@ impl Governor {
                 // short. With `escalate`, clients are told twice as long per failed round, so
                 // they keep their retries for after the recovery; the probe itself still goes
                 // at the provider's time (the cooldown deadline).
-                let rounds = self.failed_rounds(flow, env);
-                let stretch = self.stretch(rounds);
+                let rounds = self.cooldowns.failed_rounds(flow, env);
+                let stretch = self.cooldowns.stretch(rounds);
                 match provider_ms {
                     Some(ms) => {
                         let cool = retry_after::sub_second_wait(headers, snap).unwrap_or(ms);
@@ -236,13 +289,14 @@ impl Governor {
             // A 429 whose own headers still report requests left came from another limit
             // (concurrency, tokens): the pace after it must not trust `remaining`.
             let requests_left = snap.requests.remaining.is_some_and(|r| r > 0);
-            self.cool(flow, wanted, streak, Answer::NotNow { requests_left }, env);
+            let answer = Answer::NotNow { requests_left };
+            self.cooldowns.cool(flow, wanted, streak, answer, env);
         } else {
             flow.released = false;
         }
         // Nothing is replayed, but the client's retry will be steered to a pool with room:
         // worth making at once, whatever this pool said.
-        let steer_retry = cd.enabled && self.fallback_has_room(flow, env);
+        let steer_retry = cd.enabled && self.admission.fallback_has_room(flow, env);
         let (delay_ms, should_retry) = if steer_retry {
             (FAILOVER_RETRY_MS, true)
         } else {

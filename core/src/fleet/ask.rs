@@ -1,0 +1,325 @@
+//! One request's admission by the fleet's service, sans-IO: the calls it sends (reservations
+//! first, `first_stage`), each answer read as it comes, and the verdict once every call is in
+//! (or overdue). What the verdict does to the request is the worker's; what the answers mean
+//! is decided here, once, one row of `core/tests/fleet_ask.rs` per case.
+
+use super::grpc::{ServiceCall, ServiceReply};
+use super::limits::{Ask, FleetLimits, Grant};
+use super::rls::{self, Code};
+use crate::config::{Config, LimitKind, OnError};
+use crate::effects::TICK_MS;
+use crate::env::Env;
+use crate::metrics::{Counter, Histogram};
+use crate::request::{FleetCharge, Flow};
+use crate::retry_after::Random;
+
+/// How long past `fleet.timeout_ms` the worker waits for an answer Envoy never delivered before
+/// it applies the fallback itself.
+pub const ANSWER_SLACK_MS: u64 = 50;
+
+/// What one answer of admission said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Said {
+    Ok { reservation: Option<String> },
+    Over { wait_ms: Option<u64> },
+    Failed,
+}
+
+/// A request's calls to the service, and what each answer said so far.
+#[derive(Debug)]
+pub struct FleetAsk {
+    pool: usize,
+    asks: Vec<Ask>,
+    /// The seq of the first ask; ask `i` is call `first_seq + i`, whichever stage sent it.
+    first_seq: u32,
+    /// How many of `asks` were sent: the first stage, then all.
+    sent: usize,
+    said: Vec<Option<Said>>,
+    sent_ms: u64,
+    until_ms: u64,
+}
+
+/// What an answer leaves the ask waiting for.
+#[derive(Debug)]
+pub enum Progress {
+    /// More answers of this stage are due.
+    Waiting,
+    /// The first stage admitted: send the rest.
+    Send(Vec<ServiceCall>),
+    /// Every call is in: the verdict.
+    Done(Verdict),
+}
+
+/// What the fleet decided for a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every fleet limit admits it (or `on_error: allow` let the failed ones pass): it goes,
+    /// charged these token budgets, settled at its stream's end.
+    Admit(Vec<FleetCharge>),
+    /// Calls failed and `on_error` is `local`: this Envoy's own buckets of the same rate decide
+    /// `limits`; the other limits granted `charges`.
+    Fallback {
+        limits: Vec<usize>,
+        charges: Vec<FleetCharge>,
+    },
+    /// A fleet limit refused it (or, `denied`, a call failed under `on_error: deny`): it waits
+    /// `wait_ms` or is answered; the reservations granted are released.
+    Refused {
+        limit: usize,
+        wait_ms: u64,
+        denied: bool,
+        release: Vec<Grant>,
+    },
+}
+
+impl FleetAsk {
+    /// Ask the service for every fleet limit of `flow`: the asks numbered from `first_seq`
+    /// (the caller reserved `FleetAsk::calls_of(fleet)` numbers), and the first stage's calls.
+    pub fn start(
+        fleet: &FleetLimits,
+        cfg: &Config,
+        flow: &Flow,
+        first_seq: u32,
+        now: u64,
+    ) -> (FleetAsk, Vec<ServiceCall>) {
+        let asks = fleet.asks(cfg, flow);
+        let mut ask = FleetAsk {
+            pool: flow.pool,
+            said: vec![None; asks.len()],
+            asks,
+            first_seq,
+            sent: 0,
+            sent_ms: 0,
+            until_ms: 0,
+        };
+        let end = first_stage(&ask.asks);
+        let calls = ask.send(fleet, cfg, end, now);
+        (ask, calls)
+    }
+
+    /// How many calls admission makes under `fleet` (the seq numbers to reserve).
+    pub fn calls_of(fleet: &FleetLimits) -> u32 {
+        fleet.limits().len() as u32
+    }
+
+    /// When the calls sent are overdue.
+    pub fn until_ms(&self) -> u64 {
+        self.until_ms
+    }
+
+    fn send(&mut self, fleet: &FleetLimits, cfg: &Config, end: usize, now: u64) -> Vec<ServiceCall> {
+        let calls = (self.sent..end)
+            .map(|i| fleet.ask_call(cfg, &self.asks[i], self.first_seq.wrapping_add(i as u32)))
+            .collect();
+        self.sent = end;
+        self.sent_ms = now;
+        self.until_ms = now + fleet.timeout_ms + ANSWER_SLACK_MS;
+        calls
+    }
+
+    /// What became of call `seq`: counted, and the ask's progress. An answer that is not
+    /// awaited (not sent, or already in) changes nothing.
+    pub fn answer(
+        &mut self,
+        fleet: &FleetLimits,
+        cfg: &Config,
+        seq: u32,
+        reply: ServiceReply,
+        env: &mut Env,
+    ) -> Progress {
+        let at = seq.wrapping_sub(self.first_seq) as usize;
+        if at >= self.sent || self.said[at].is_some() {
+            return Progress::Waiting;
+        }
+        let said = read(&self.asks[at], reply);
+        let elapsed = env.now().saturating_sub(self.sent_ms);
+        self.count(&said, elapsed, env);
+        self.said[at] = Some(said);
+        let stage = &self.said[..self.sent];
+        if !stage.iter().all(Option::is_some) {
+            return Progress::Waiting;
+        }
+        let refused = stage.iter().any(|s| matches!(s, Some(Said::Over { .. })));
+        if self.sent < self.asks.len() && !refused {
+            let end = self.asks.len();
+            return Progress::Send(self.send(fleet, cfg, end, env.now()));
+        }
+        Progress::Done(self.verdict(fleet, cfg, env))
+    }
+
+    /// The service never answered within its timeout: every call still out failed.
+    pub fn overdue(mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
+        let elapsed = env.now().saturating_sub(self.sent_ms);
+        for at in 0..self.sent {
+            if self.said[at].is_none() {
+                self.count(&Said::Failed, elapsed, env);
+                self.said[at] = Some(Said::Failed);
+            }
+        }
+        self.verdict(fleet, cfg, env)
+    }
+
+    /// The request is gone before the verdict: the reservations granted so far, to release.
+    pub fn abandon(self) -> Vec<Grant> {
+        let FleetAsk { asks, said, .. } = self;
+        grants(asks.into_iter().zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed))))
+    }
+
+    /// Every fleet counter is counted here: each call's outcome and how long it took.
+    fn count(&self, said: &Said, elapsed: u64, env: &mut Env) {
+        env.metrics
+            .histogram(self.pool, Histogram::FleetCallMs, elapsed);
+        let c = match said {
+            Said::Ok { .. } => Counter::FleetCallsOk,
+            Said::Over { .. } => Counter::FleetCallsOverLimit,
+            Said::Failed => Counter::FleetErrors,
+        };
+        env.metrics.count(self.pool, c);
+    }
+
+    /// The answers as one verdict: a refusal wins; failed calls go to `fleet.on_error`.
+    fn verdict(&mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
+        let said = std::mem::take(&mut self.said);
+        let answered: Vec<(Ask, Said)> = std::mem::take(&mut self.asks)
+            .into_iter()
+            .zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed)))
+            .collect();
+        let default_ms = cfg.retry_after.default_ms;
+        let over = answered.iter().find_map(|(a, s)| match s {
+            Said::Over { wait_ms } => Some((a.limit, *wait_ms)),
+            _ => None,
+        });
+        let failed: Vec<usize> = answered
+            .iter()
+            .filter(|(_, s)| *s == Said::Failed)
+            .map(|(a, _)| a.limit)
+            .collect();
+        if let Some((limit, wait_ms)) = over {
+            return Verdict::Refused {
+                limit,
+                wait_ms: refusal_wait_ms(wait_ms, default_ms, env.rng),
+                denied: false,
+                release: grants(answered),
+            };
+        }
+        if !failed.is_empty() {
+            env.metrics.count(self.pool, Counter::FleetFallback);
+            match fleet.on_error {
+                OnError::Allow => {}
+                OnError::Deny => {
+                    return Verdict::Refused {
+                        limit: failed[0],
+                        wait_ms: default_ms,
+                        denied: true,
+                        release: grants(answered),
+                    }
+                }
+                OnError::Local => {
+                    return Verdict::Fallback {
+                        limits: failed,
+                        charges: charges(cfg, answered),
+                    }
+                }
+            }
+        }
+        Verdict::Admit(charges(cfg, answered))
+    }
+}
+
+/// The token budgets the service charged (or reserved) for the request.
+fn charges(cfg: &Config, answered: Vec<(Ask, Said)>) -> Vec<FleetCharge> {
+    answered
+        .into_iter()
+        .filter_map(|(a, s)| match s {
+            Said::Ok { reservation } if cfg.limits[a.limit].kind == LimitKind::Tokens => {
+                Some(FleetCharge {
+                    limit: a.limit,
+                    key: a.key,
+                    amount: a.amount,
+                    reservation,
+                    settled: None,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The reservations the service granted.
+fn grants(answered: impl IntoIterator<Item = (Ask, Said)>) -> Vec<Grant> {
+    answered
+        .into_iter()
+        .filter_map(|(a, s)| match s {
+            Said::Ok {
+                reservation: Some(r),
+            } => Some(Grant {
+                limit: a.limit,
+                key: a.key,
+                reservation: r,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The reservations among `charges` (what a refused request gives back).
+pub(crate) fn released(charges: Vec<FleetCharge>) -> Vec<Grant> {
+    charges
+        .into_iter()
+        .filter_map(|c| {
+            Some(Grant {
+                limit: c.limit,
+                key: c.key,
+                reservation: c.reservation?,
+            })
+        })
+        .collect()
+}
+
+/// What an answer to `ask` says; a message that cannot be read, or a code that is neither OK
+/// nor OVER_LIMIT, is a failure (the fallback decides).
+fn read(ask: &Ask, reply: ServiceReply) -> Said {
+    let ServiceReply::Message(bytes) = reply else {
+        return Said::Failed;
+    };
+    let answer = if ask.reserve {
+        rls::decode_reserve(bytes)
+    } else {
+        rls::decode_response(bytes)
+    };
+    match answer {
+        Ok(a) if a.code == Some(Code::Ok) => Said::Ok {
+            reservation: a.reservation.filter(|r| !r.is_empty()),
+        },
+        Ok(a) if a.code == Some(Code::OverLimit) => Said::Over { wait_ms: a.wait_ms },
+        _ => Said::Failed,
+    }
+}
+
+/// How many of a request's `asks` (token budgets first) go out first. Reservations go first
+/// when other asks follow: a refusal gives a reservation back at no cost (a Commit of 0), where
+/// a hit `ShouldRateLimit` counted (or a token charge) is never given back. So the rest are
+/// asked only once no reservation was refused: a request the token budget turns away, and
+/// every ask again of a held one, costs the request budget nothing. All at once when nothing
+/// reserves, or everything does.
+fn first_stage(asks: &[Ask]) -> usize {
+    match asks.iter().take_while(|a| a.reserve).count() {
+        0 => asks.len(),
+        n => n,
+    }
+}
+
+/// The wait of a fleet refusal: the service's reset, or `default_ms` when it reports none.
+/// Limitador reports its reset in whole seconds rounded down, so in a window's last second it
+/// says 0; a wait under a tick is drawn from [that wait or 1, 2 ticks) instead. A held request
+/// then asks about once a tick, not as fast as the service answers (the native host has no
+/// tick to round a 1 ms wait up), and requests refused together do not ask again together,
+/// where checks that overlap could each pass (README, "Overshoot").
+pub fn refusal_wait_ms(reported_ms: Option<u64>, default_ms: u64, rng: &mut dyn Random) -> u64 {
+    let ms = reported_ms.unwrap_or(default_ms);
+    if ms >= TICK_MS {
+        return ms;
+    }
+    let low = ms.max(1);
+    low + (rng.unit().clamp(0.0, 1.0) * (2 * TICK_MS - low) as f64) as u64
+}

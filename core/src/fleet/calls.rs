@@ -1,0 +1,132 @@
+//! A worker's calls to the fleet's service: their sequence numbers, the calls owed by no
+//! stream (commits and releases after a stream is gone) until the host takes them, and every
+//! call the host sent until its answer comes or its stream ends. The host reports what it sent
+//! (`sent`) and what came back (`done`); an answer for a call that is not here (its stream
+//! went on or ended, or the load-time health check) is dropped here, once, for every host.
+
+use super::grpc::ServiceCall;
+
+/// A call the host holds, by its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Out {
+    pub owner: Owner,
+    pub token: u64,
+    pub seq: u32,
+}
+
+/// Whose a call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A stream's admission.
+    Stream(u32),
+    /// Owed by no stream (a commit, a release), counted on this pool.
+    Nobody { pool: usize },
+}
+
+impl Owner {
+    fn stream(self) -> Option<u32> {
+        match self {
+            Owner::Stream(id) => Some(id),
+            Owner::Nobody { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Calls {
+    next_seq: u32,
+    /// Calls owed by no stream, with the pool they count on, until the host takes them.
+    owed: Vec<(usize, ServiceCall)>,
+    /// Owed calls the host took and has not said it sent: (seq, pool).
+    taken: Vec<(u32, usize)>,
+    /// Calls out: a few at a time, a list.
+    out: Vec<Out>,
+}
+
+impl Default for Calls {
+    fn default() -> Calls {
+        Calls {
+            next_seq: 1,
+            owed: Vec::new(),
+            taken: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+}
+
+impl Calls {
+    /// `n` consecutive sequence numbers; the first (never 0).
+    pub fn reserve(&mut self, n: u32) -> u32 {
+        if self.next_seq.checked_add(n).is_none() {
+            self.next_seq = 1;
+        }
+        let first = self.next_seq;
+        self.next_seq += n;
+        first
+    }
+
+    /// Owe `call` (its seq from `reserve`; counted on `pool`), for the host to send from its
+    /// timer.
+    pub fn owe(&mut self, pool: usize, call: ServiceCall) {
+        self.owed.push((pool, call));
+    }
+
+    pub fn owes(&self) -> bool {
+        !self.owed.is_empty()
+    }
+
+    /// The owed calls, for the host to send (and report with `sent` or `not_sent`).
+    pub fn take_owed(&mut self) -> Vec<ServiceCall> {
+        let owed = std::mem::take(&mut self.owed);
+        owed.into_iter()
+            .map(|(pool, call)| {
+                self.taken.push((call.seq, pool));
+                call
+            })
+            .collect()
+    }
+
+    /// The host sent call `seq` of `stream` (None: an owed call) as `token`.
+    pub fn sent(&mut self, stream: Option<u32>, token: u64, seq: u32) {
+        let owner = match stream {
+            Some(id) => Owner::Stream(id),
+            None => match self.untake(seq) {
+                Some(pool) => Owner::Nobody { pool },
+                None => return, // not a call this worker owed
+            },
+        };
+        self.out.push(Out { owner, token, seq });
+    }
+
+    /// The host could not send the owed call `seq`: the pool it counts on.
+    pub fn not_sent(&mut self, seq: u32) -> Option<usize> {
+        self.untake(seq)
+    }
+
+    fn untake(&mut self, seq: u32) -> Option<usize> {
+        let at = self.taken.iter().position(|(s, _)| *s == seq)?;
+        Some(self.taken.swap_remove(at).1)
+    }
+
+    /// The answer to `token` (sent for `stream`) came: the call, if it is still awaited.
+    pub fn done(&mut self, stream: Option<u32>, token: u64) -> Option<Out> {
+        let at = self
+            .out
+            .iter()
+            .position(|c| c.token == token && c.owner.stream() == stream)?;
+        Some(self.out.swap_remove(at))
+    }
+
+    /// Stream `id` ended: its calls still out are cancelled with it (Envoy cancels them), and
+    /// an answer that comes anyway is dropped.
+    pub fn forget(&mut self, id: u32) {
+        if !self.out.is_empty() {
+            self.out.retain(|c| c.owner != Owner::Stream(id));
+        }
+    }
+
+    /// Calls out now (sent, not answered).
+    pub fn out(&self) -> usize {
+        self.out.len()
+    }
+}

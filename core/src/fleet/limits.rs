@@ -1,0 +1,245 @@
+//! The fleet limits of a configuration (`limits[].scope: "fleet"`) and the service's settings,
+//! built once at load: what admission asks the service for a request (one call per fleet
+//! limit, each with the one descriptor an operator's limits file matches:
+//! `descriptors[0]['limit']`, `descriptors[0]['key']`), and what a stream owes it at its end.
+
+use super::grpc::{Method, ServiceCall};
+use super::rls::{self, Descriptor};
+use crate::config::{Config, LimitKey, LimitKind, OnError, Scope};
+use crate::headers::Headers;
+use crate::keys;
+use crate::limits;
+use crate::request::{FleetCharge, Flow};
+
+/// How long the service holds a token reservation for a stream that never commits (Limitador
+/// caps it at its `--max-reservation-ttl`, 60 s by default).
+pub const RESERVATION_TTL_MS: u64 = 60_000;
+/// A key value longer than this goes to the service as its keyed id.
+const MAX_KEY_VALUE: usize = 256;
+
+/// The fleet limits and how to reach the service that decides them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetLimits {
+    /// The fleet limits, by index; token budgets first (a reservation the service holds can
+    /// be released at no cost if another limit refuses).
+    limits: Vec<usize>,
+    domain: String,
+    pub(crate) timeout_ms: u64,
+    pub(crate) on_error: OnError,
+    /// Token budgets reserve (Reserve / Commit); false: charged at admission, topped up after.
+    reservations: bool,
+}
+
+/// One call of a request's admission: which limit, the descriptor's key, how much.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ask {
+    pub(crate) limit: usize,
+    pub(crate) key: String,
+    /// Requests: 1. Tokens: the reservation (at least 1: a budget with nothing left refuses).
+    pub(crate) amount: u64,
+    pub(crate) reserve: bool,
+}
+
+/// A reservation the service granted a request: released (a Commit of 0) when the request
+/// does not go on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub limit: usize,
+    pub key: String,
+    pub reservation: String,
+}
+
+impl FleetLimits {
+    /// The fleet limits of `cfg`; None when it has none (then nothing is ever asked).
+    pub fn of(cfg: &Config) -> Option<FleetLimits> {
+        let fleet = cfg.fleet.as_ref()?;
+        let ls = &cfg.limits;
+        let of_kind = |tokens: bool| {
+            (0..ls.len()).filter(move |&i| {
+                ls[i].scope == Scope::Fleet && (ls[i].kind == LimitKind::Tokens) == tokens
+            })
+        };
+        let limits: Vec<usize> = of_kind(true).chain(of_kind(false)).collect();
+        (!limits.is_empty()).then(|| FleetLimits {
+            limits,
+            domain: fleet.domain.clone(),
+            timeout_ms: fleet.timeout_ms,
+            on_error: fleet.on_error,
+            reservations: fleet.reservations,
+        })
+    }
+
+    /// The fleet limits, by index (token budgets first).
+    pub fn limits(&self) -> &[usize] {
+        &self.limits
+    }
+
+    /// What admission asks the service for this flow: one call per fleet limit.
+    pub(crate) fn asks(&self, cfg: &Config, flow: &Flow) -> Vec<Ask> {
+        self.limits
+            .iter()
+            .map(|&i| {
+                let tokens = cfg.limits[i].kind == LimitKind::Tokens;
+                Ask {
+                    limit: i,
+                    key: self.key(cfg, i, flow),
+                    amount: if tokens {
+                        limits::reservation(&cfg.limits[i], flow).max(1)
+                    } else {
+                        1
+                    },
+                    reserve: tokens && self.reservations,
+                }
+            })
+            .collect()
+    }
+
+    /// The call of one ask of admission.
+    pub(crate) fn ask_call(&self, cfg: &Config, ask: &Ask, seq: u32) -> ServiceCall {
+        let d = [descriptor(cfg, ask.limit, ask.key.clone())];
+        if ask.reserve {
+            let message = rls::reserve(&self.domain, &d, ask.amount, RESERVATION_TTL_MS);
+            return self.call(seq, Method::Reserve, message);
+        }
+        let hits = u32::try_from(ask.amount).unwrap_or(u32::MAX);
+        let message = rls::should_rate_limit(&self.domain, &d, hits);
+        self.call(seq, Method::ShouldRateLimit, message)
+    }
+
+    /// The call a charge owes the service when its stream ends: a Commit of what the stream
+    /// used (what was reserved when that is unknown); without reservations, a top-up of what
+    /// it used beyond the charge, never a refund.
+    pub(crate) fn settle_call(
+        &self,
+        cfg: &Config,
+        charge: &FleetCharge,
+        seq: u32,
+    ) -> Option<ServiceCall> {
+        let used = charge.settled.unwrap_or(charge.amount);
+        let d = [descriptor(cfg, charge.limit, charge.key.clone())];
+        if self.reservations {
+            let id = charge.reservation.as_deref().unwrap_or("");
+            return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, used)));
+        }
+        let more = used.checked_sub(charge.amount).filter(|n| *n > 0)?;
+        let hits = u32::try_from(more).unwrap_or(u32::MAX);
+        let message = rls::should_rate_limit(&self.domain, &d, hits);
+        Some(self.call(seq, Method::ShouldRateLimit, message))
+    }
+
+    /// A reservation the request will not use (another limit refused it): released at no cost.
+    pub(crate) fn release_call(&self, cfg: &Config, grant: &Grant, seq: u32) -> ServiceCall {
+        let d = [descriptor(cfg, grant.limit, grant.key.clone())];
+        let message = rls::commit(&self.domain, &d, &grant.reservation, 0);
+        self.call(seq, Method::Commit, message)
+    }
+
+    fn call(&self, seq: u32, method: Method, message: Vec<u8>) -> ServiceCall {
+        ServiceCall {
+            seq,
+            method,
+            message,
+            timeout_ms: self.timeout_ms,
+        }
+    }
+
+    /// The descriptor's `key` for limit `limit`: the header's value, the model, the pool's name,
+    /// the pool's account label; a credential (an account, or a header that is one of
+    /// `account_headers`) only ever as its keyed id.
+    fn key(&self, cfg: &Config, limit: usize, flow: &Flow) -> String {
+        let raw = || {
+            let keys = flow.fleet.as_ref()?;
+            keys.keys
+                .iter()
+                .find(|(i, _)| *i == limit)
+                .map(|(_, v)| v.clone())
+        };
+        match &cfg.limits[limit].key {
+            LimitKey::Pool => cfg.pools[flow.pool].name.clone(),
+            LimitKey::Account => match &cfg.pools[flow.pool].account {
+                Some(label) => label.clone(),
+                None => keys::id_hex(flow.account),
+            },
+            LimitKey::Header(_) | LimitKey::Model { .. } => {
+                raw().unwrap_or_else(|| keys::id_hex(flow.limit_keys[limit]))
+            }
+        }
+    }
+
+    /// The raw key values of the fleet limits keyed by a header that is not a credential, or
+    /// by a model named in the path, read from the request headers once.
+    pub(crate) fn keys_of(
+        &self,
+        cfg: &Config,
+        path: &[u8],
+        headers: &Headers,
+    ) -> Vec<(usize, String)> {
+        let model = || keys::model_in_path(path).unwrap_or(b"-");
+        self.limits
+            .iter()
+            .filter_map(|&i| {
+                let value = match &cfg.limits[i].key {
+                    LimitKey::Header(h) => plain_header(cfg, h, headers)?.to_vec(),
+                    LimitKey::Model { header: None } => model().to_vec(),
+                    LimitKey::Model { header: Some(h) } => {
+                        let mut v = plain_header(cfg, h, headers)?.to_vec();
+                        v.push(b'+');
+                        v.extend_from_slice(model());
+                        v
+                    }
+                    LimitKey::Pool | LimitKey::Account => return None,
+                };
+                key_value(&value).map(|v| (i, v))
+            })
+            .collect()
+    }
+
+    /// The model the body named, for fleet limits keyed by model whose path named none.
+    pub(crate) fn model_found(&self, cfg: &Config, flow: &mut Flow, model: &[u8]) {
+        let keys = &mut flow.fleet_mut().keys;
+        for &i in &self.limits {
+            let LimitKey::Model { header } = &cfg.limits[i].key else {
+                continue;
+            };
+            let Some(at) = keys.iter().position(|(l, _)| *l == i) else {
+                continue;
+            };
+            let value = match header {
+                None => key_value(model),
+                Some(_) => {
+                    let prefix = keys[at].1.strip_suffix("+-").map(str::to_string);
+                    prefix.and_then(|p| key_value(&[p.as_bytes(), b"+", model].concat()))
+                }
+            };
+            match value {
+                Some(v) => keys[at].1 = v,
+                None => {
+                    keys.remove(at);
+                }
+            }
+        }
+    }
+}
+
+fn descriptor(cfg: &Config, limit: usize, key: String) -> Descriptor {
+    Descriptor {
+        limit: cfg.limits[limit].name.clone(),
+        key,
+    }
+}
+
+/// A header's value when it is not a credential (`-` when it is missing, as local limits
+/// count it); None for a credential header, whose value only ever goes out as its id.
+fn plain_header<'h>(cfg: &Config, name: &str, headers: &'h Headers) -> Option<&'h [u8]> {
+    if cfg.account_headers.iter().any(|a| a == name) {
+        return None;
+    }
+    Some(headers.get(name).unwrap_or(b"-"))
+}
+
+/// A descriptor value: printable UTF-8 of at most `MAX_KEY_VALUE` bytes, else None (the keyed
+/// id is sent instead).
+fn key_value(raw: &[u8]) -> Option<String> {
+    let s = std::str::from_utf8(raw).ok()?;
+    (s.len() <= MAX_KEY_VALUE && !s.chars().any(char::is_control)).then(|| s.to_string())
+}
