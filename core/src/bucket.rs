@@ -7,6 +7,7 @@
 
 /// Units per token.
 const UNIT: i64 = 3_000_000;
+use crate::config::Limit;
 use crate::store::{Reader, Writer};
 
 pub const ENCODED_LEN: usize = 16;
@@ -24,6 +25,15 @@ pub struct Bucket {
 pub struct Shape {
     pub per_minute: u64,
     pub burst: u64,
+}
+
+impl From<&Limit> for Shape {
+    fn from(limit: &Limit) -> Shape {
+        Shape {
+            per_minute: limit.per_minute,
+            burst: limit.burst,
+        }
+    }
 }
 
 /// What a take decided.

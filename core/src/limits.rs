@@ -153,7 +153,7 @@ impl<'a> Limits<'a> {
             let mut leased = 0;
             let outcome = match limit.kind {
                 LimitKind::Requests | LimitKind::Tokens => {
-                    let shape = limit.shape();
+                    let shape = Shape::from(limit);
                     update_bucket(env, &key, known, shape, |b| {
                         if amount == 0 {
                             return (None, (b.check(shape, now, 1), 0));
@@ -414,7 +414,7 @@ impl<'a> Limits<'a> {
         env: &mut Env,
         f: impl Fn(Bucket, Shape) -> Bucket,
     ) {
-        let shape = self.limits[limit].shape();
+        let shape = Shape::from(&self.limits[limit]);
         if let Err(e) = update_bucket(env, key, None, shape, |b| (Some(f(b, shape)), ())) {
             keyspace::store_failed(pool, key, &e, env);
         }

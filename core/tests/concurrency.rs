@@ -13,7 +13,7 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use llm_governor_core::bucket::Bucket;
+use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys;
@@ -397,7 +397,7 @@ fn a_token_that_was_never_taken_is_not_given_back() {
     let after = store.bucket("pool-rpm", pool_id).unwrap();
     // Nothing was taken from the pool bucket, so nothing may be given back (refill over the
     // 6 ms this test's clock moved is far below a token).
-    let shape = gov.cfg.limits[0].shape();
+    let shape = Shape::from(&gov.cfg.limits[0]);
     let one_token_more = before.give(shape, before.updated_ms, 1);
     assert!(
         after.level < one_token_more.level,
@@ -432,7 +432,7 @@ fn contention_on_a_hot_key_loses_no_update() {
     // Every completed take is reflected exactly once (no lost update under CAS), and the
     // refill is exact however often it ran: the bucket holds what one that lost all those
     // tokens at its creation (the first request, at T0) holds at its latest write.
-    let shape = gov.cfg.limits[0].shape();
+    let shape = Shape::from(&gov.cfg.limits[0]);
     let sequential = Bucket::full(shape, T0)
         .charge(shape, T0, taken)
         .refill(shape, b.updated_ms);

@@ -3,7 +3,7 @@
 //! fills. Requests go through the `Worker`, the entry points every host calls.
 #![allow(dead_code)]
 
-use llm_governor_core::bucket::Bucket;
+use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys::{self, HashKey};
@@ -393,7 +393,7 @@ impl Host {
         let l = &self.governor().cfg.limits[limit];
         let (bytes, _) = self.store.get(&keys::bucket_key(&l.name, key_id)).ok()??;
         let b = Bucket::decode(&bytes)?;
-        Some(b.refill(l.shape(), self.now_ms).tokens())
+        Some(b.refill(Shape::from(l), self.now_ms).tokens())
     }
 
     pub fn advance(&mut self, ms: u64) {
