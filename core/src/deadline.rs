@@ -33,12 +33,3 @@ pub fn hold_budget_ms(cfg: &Hold, h: &Headers) -> u64 {
         None => cfg.max_ms,
     }
 }
-
-/// Until when this request may be held, Unix ms: its arrival (`now`, read only when holding is
-/// on for it) plus its hold budget; 0 when it may not be held.
-pub fn hold_until_ms(cfg: &Hold, h: &Headers, now: impl FnOnce() -> u64) -> u64 {
-    match hold_budget_ms(cfg, h) {
-        0 => 0,
-        budget => now().saturating_add(budget),
-    }
-}

@@ -69,7 +69,7 @@ impl Holds {
         self.held == 0
     }
 
-    /// A new request (it may be held until its `hold_until_ms`).
+    /// A new request (it may be held until its `flow.hold` deadline).
     pub fn request(&mut self, gov: &Governor, mut flow: Flow, id: u32, env: &mut Env) -> Outcome {
         let admission = gov.admission();
         admission.on_arrival(&flow, env);
@@ -83,9 +83,11 @@ impl Holds {
             // Held requests of this (pool, account) go first: wait behind them. Answered,
             // it is told its turn: after what the queue behind the head takes, and its own.
             let blocked = last.blocked.aged(env.now() - last.blocked_at_ms);
-            if !self.may_hold(gov, &blocked, &flow, env.now()) {
+            if !self.may_hold(gov, &blocked, &mut flow, env.now()) {
                 let queue = self.queues.get(&key).into_iter().flatten().skip(1);
-                let tokens = queue.map(|h| admission.cost_at(&blocked, &h.flow)).sum::<u64>()
+                let tokens = queue
+                    .map(|h| admission.cost_at(&blocked, &h.flow))
+                    .sum::<u64>()
                     + admission.cost_at(&blocked, &flow);
                 let turn = admission.later_by(blocked, tokens);
                 let reply = gov.replies().reply_for(&flow, &turn, env);
@@ -105,12 +107,12 @@ impl Holds {
     pub fn wait(
         &mut self,
         gov: &Governor,
-        flow: Flow,
+        mut flow: Flow,
         blocked: Blocked,
         id: u32,
         env: &mut Env,
     ) -> Outcome {
-        if self.may_hold(gov, &blocked, &flow, env.now()) {
+        if self.may_hold(gov, &blocked, &mut flow, env.now()) {
             return self.hold(flow, blocked, id, env);
         }
         let reply = gov.replies().reply_for(&flow, &blocked, env);
@@ -119,10 +121,12 @@ impl Holds {
 
     /// Whether a request blocked so may be held: holding is on for it, there is room, the wait
     /// is known to end before its hold must (or ends with an event), and waiting can help.
-    fn may_hold(&self, gov: &Governor, blocked: &Blocked, flow: &Flow, now: u64) -> bool {
+    fn may_hold(&self, gov: &Governor, blocked: &Blocked, flow: &mut Flow, now: u64) -> bool {
         let room = (self.held as u64) < gov.cfg.hold.max_held;
-        let until = flow.hold_until_ms;
-        let fits = blocked.wait_ms().map_or(true, |w| now.saturating_add(w) <= until);
+        let until = flow.hold.fix(|| now);
+        let fits = blocked
+            .wait_ms()
+            .map_or(true, |w| now.saturating_add(w) <= until);
         until > now && room && fits && blocked.holdable()
     }
 
@@ -162,7 +166,7 @@ impl Holds {
             // The heads, in arrival order, while the gates let them go.
             let mut known_wait = None;
             while let Some(head) = queue.front_mut() {
-                if now < head.next_check_ms && now < head.flow.hold_until_ms {
+                if now < head.next_check_ms && now < head.flow.hold.until_ms() {
                     known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
@@ -201,7 +205,7 @@ impl Holds {
             let before = queue.len();
             let mut kept = VecDeque::with_capacity(before);
             let leaves = |h: &Held| {
-                let until = h.flow.hold_until_ms;
+                let until = h.flow.hold.until_ms();
                 now >= until || known_wait.is_some_and(|w| now.saturating_add(w) > until)
             };
             // The turns are counted only when someone behind the head leaves now.
@@ -238,7 +242,8 @@ impl Holds {
             .values()
             .flat_map(|q| {
                 let head = q.front().map(|h| h.next_check_ms);
-                head.into_iter().chain(q.iter().map(|h| h.flow.hold_until_ms))
+                head.into_iter()
+                    .chain(q.iter().map(|h| h.flow.hold.until_ms()))
             })
             .min()
     }

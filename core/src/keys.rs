@@ -89,6 +89,19 @@ impl HashKey {
         })
     }
 
+    /// The key of the ids of an Envoy whose workers share `store`: `LLM_GOVERNOR_HASH_KEY`
+    /// (`SECRET_ENV`) from the process's environment when set, else one random key per Envoy
+    /// drawn from `seed` (`for_envoy`). Both hosts take their key here.
+    pub fn for_host(
+        store: &dyn crate::store::SharedStore,
+        mut seed: impl FnMut() -> u64,
+    ) -> HashKey {
+        let secret = std::env::var(SECRET_ENV).ok();
+        HashKey::for_envoy(store, secret.as_deref().map(str::as_bytes), || {
+            HashKey::from_words(seed(), seed())
+        })
+    }
+
     /// The key as 16 bytes, for a host that keeps one key for all its workers; `from_bytes`
     /// reads it back.
     pub fn to_bytes(&self) -> [u8; 16] {

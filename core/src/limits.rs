@@ -8,12 +8,12 @@ use crate::classify::Dialect;
 use crate::config::Limit;
 use crate::config::{LimitKind, Scope, Settle};
 use crate::env::Env;
-use crate::request::{Charge, Flow, HeldSlot, Taken};
 use crate::inflight::{self, Slots};
 use crate::keys;
 use crate::keyspace;
 use crate::lease;
 use crate::metrics::Gauge;
+use crate::request::{Charge, Flow, HeldSlot, Taken};
 use crate::store::{self, UpdateError};
 
 /// The key a take goes to, as `existing_or_overflow` found it.

@@ -348,6 +348,56 @@ impl<Id: Copy> Catalogue<Id> {
     }
 }
 
+/// One write to a stat, as a host carries it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// A counter, by one.
+    Count,
+    /// A gauge set (last writer wins across workers).
+    Set(u64),
+    /// A gauge moved by this worker's part (the gauge is the sum over workers).
+    Move(i64),
+    /// A histogram sample.
+    Record(u64),
+}
+
+/// How a host writes a stat of its catalogue (its id, and the pool it belongs to).
+pub trait StatWriter<Id> {
+    fn write(&mut self, pool: usize, id: Id, write: Write);
+}
+
+/// A host's catalogue and writer: the `Metrics` every host lends the core.
+pub struct Sink<'a, Id, W> {
+    pub catalogue: &'a Catalogue<Id>,
+    pub writer: W,
+}
+
+impl<Id: Copy, W: StatWriter<Id>> Metrics for Sink<'_, Id, W> {
+    fn count(&mut self, pool: usize, c: Counter) {
+        if let Some(id) = self.catalogue.counter(pool, c) {
+            self.writer.write(pool, id, Write::Count);
+        }
+    }
+
+    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
+        if let Some(id) = self.catalogue.gauge(pool, g) {
+            self.writer.write(pool, id, Write::Set(value));
+        }
+    }
+
+    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
+        if let Some(id) = self.catalogue.gauge(pool, g) {
+            self.writer.write(pool, id, Write::Move(delta));
+        }
+    }
+
+    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
+        if let Some(id) = self.catalogue.histogram(pool, h) {
+            self.writer.write(pool, id, Write::Record(ms));
+        }
+    }
+}
+
 /// The values one worker last wrote to each gauge of each pool, so a write that repeats one is
 /// skipped: most provider headers (limits, often remaining and reset too) repeat from one
 /// response to the next, and each write is a hostcall. Another worker may have written a

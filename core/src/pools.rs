@@ -8,7 +8,7 @@ use crate::estimate;
 use crate::fleet::limits::FleetLimits;
 use crate::headers::Headers;
 use crate::keys::{self, HashKey};
-use crate::request::{FleetFlow, Flow, RequestView, STEERING_HEADER};
+use crate::request::{FleetFlow, Flow, HoldDeadline, RequestView, STEERING_HEADER};
 
 /// What is derived from the configuration once for reading requests: the key of every id, and
 /// the ids of pool names and account labels (hashed once, not per request).
@@ -26,7 +26,11 @@ pub struct Ids {
 impl Ids {
     pub fn of(cfg: &Config, key: HashKey) -> Ids {
         Ids {
-            pool_ids: cfg.pools.iter().map(|p| key.id(p.name.as_bytes())).collect(),
+            pool_ids: cfg
+                .pools
+                .iter()
+                .map(|p| key.id(p.name.as_bytes()))
+                .collect(),
             label_ids: cfg
                 .pools
                 .iter()
@@ -82,9 +86,9 @@ impl<'a> Pools<'a> {
             .map_or(keys::NO_ACCOUNT, |v| self.ids.id(v))
     }
 
-    /// Everything the policy needs from the request headers, read once. `hold_until_ms` is
-    /// when its hold must end (0: it may not be held).
-    pub fn flow_for(&self, req: &RequestView, hold_until_ms: u64) -> Flow {
+    /// Everything the policy needs from the request headers, read once. `hold_budget_ms` is
+    /// how long it may be held from its arrival (0: not at all).
+    pub fn flow_for(&self, req: &RequestView, hold_budget_ms: u64) -> Flow {
         let pool = self.pool_for(req);
         let client_account = self.account_of(&req.headers);
         let header_ids = self
@@ -120,7 +124,7 @@ impl<'a> Pools<'a> {
             slots: Vec::new(),
             released: false,
             held_ms: None,
-            hold_until_ms,
+            hold: HoldDeadline::new(hold_budget_ms),
             client_retry: is_client_retry(&req.headers),
             fleet: None,
         };

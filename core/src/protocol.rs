@@ -86,14 +86,13 @@ pub fn apply_later<H: Host>(host: &H, id: u32, reaction: Reaction) {
     }
 }
 
-/// The host's timer: the worker's tick, each due stream's reaction applied, then the calls
-/// owed by no stream sent.
+/// The host's timer: the worker's tick, each due stream's reaction applied. (The calls owed by
+/// no stream are the host's to send where they outlive every stream: `send_owed`.)
 pub fn tick<H: Host>(host: &H) {
     let due = host.with_worker(None, |w, lent| w.tick(lent));
     for (id, reaction) in due.unwrap_or_default() {
         apply_later(host, id, reaction);
     }
-    send_owed(host);
 }
 
 /// Stream `id` is over (complete, reset, or its context going away).

@@ -107,7 +107,16 @@ pub struct LocalReply {
     pub status: u32,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+    /// Envoy's response code details (`%RESPONSE_CODE_DETAILS%`): why the gateway answered.
+    pub details: &'static str,
 }
+
+/// The response code details of local answers, one per cause (the provider's own answers say
+/// `via_upstream`).
+pub const DETAILS_COOLDOWN: &str = "llm_governor_cooldown";
+pub const DETAILS_QUOTA: &str = "llm_governor_quota";
+pub const DETAILS_LIMIT: &str = "llm_governor_limit";
+pub const DETAILS_RESERVED_HEADER: &str = "llm_governor_reserved_header";
 
 impl LocalReply {
     /// Mark an answer to a request the gateway held for `ms` before answering it.
@@ -148,6 +157,7 @@ pub fn reserved_header() -> LocalReply {
         status: 400,
         headers: Vec::new(),
         body: format!("{STEERING_HEADER} is reserved\n").into_bytes(),
+        details: DETAILS_RESERVED_HEADER,
     }
 }
 
@@ -171,10 +181,16 @@ pub fn local_reply(
         ));
     }
     let message = message(class, source, delay_ms, limit);
+    let details = match (source, class) {
+        (_, Class::QuotaExhausted) => DETAILS_QUOTA,
+        (AnswerSource::Limit, _) => DETAILS_LIMIT,
+        _ => DETAILS_COOLDOWN,
+    };
     LocalReply {
         status: 429,
         headers,
         body: body(dialect, class, &message),
+        details,
     }
 }
 
@@ -192,6 +208,7 @@ pub fn too_large(dialect: Dialect, name: &str, per_minute: u64, message: &str) -
         status: 429,
         headers,
         body: body(dialect, class, message),
+        details: DETAILS_LIMIT,
     }
 }
 
@@ -342,13 +359,7 @@ impl<'a> Replies<'a> {
 
     /// A request whose reservation no bucket of this size can ever hold: refused at once, and
     /// its client told not to retry (OpenAI answers "Request too large" the same way).
-    fn too_large(
-        &self,
-        flow: &Flow,
-        limit: usize,
-        tokens: u64,
-        env: &mut Env,
-    ) -> LocalReply {
+    fn too_large(&self, flow: &Flow, limit: usize, tokens: u64, env: &mut Env) -> LocalReply {
         let l = &self.cfg.limits[limit];
         env.metrics.count(flow.pool, Counter::LocalRejectLimit);
         let message = format!(

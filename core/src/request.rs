@@ -62,9 +62,8 @@ pub struct Flow {
     pub released: bool,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
-    /// Until when it may be held, Unix ms: its arrival plus its hold budget, fixed when it
-    /// arrived (0: it may not be held).
-    pub hold_until_ms: u64,
+    /// Until when it may be held: its arrival plus its hold budget.
+    pub hold: HoldDeadline,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
     /// What fleet limits need of the request (None without fleet limits: one pointer).
@@ -126,6 +125,40 @@ pub struct FleetCharge {
     pub reservation: Option<String>,
     /// What the stream used, once known (0: the provider answered an error and counted none).
     pub settled: Option<u64>,
+}
+
+/// Until when a request may be held: its arrival plus its hold budget (`deadline`), one
+/// absolute moment. It is fixed the first time anything needs it, in the request's arrival
+/// callback with that callback's clock (the worker fixes it before a stream leaves that
+/// callback unforwarded), so a request that goes at once never reads the clock for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldDeadline {
+    budget_ms: u64,
+    until_ms: Option<u64>,
+}
+
+impl HoldDeadline {
+    /// A request that may be held `budget_ms` from its arrival (0: not at all).
+    pub fn new(budget_ms: u64) -> HoldDeadline {
+        HoldDeadline {
+            budget_ms,
+            until_ms: None,
+        }
+    }
+
+    /// The deadline, Unix ms (0: it may not be held); `arrival` is read the first time only.
+    pub fn fix(&mut self, arrival: impl FnOnce() -> u64) -> u64 {
+        match (self.budget_ms, self.until_ms) {
+            (0, _) => 0,
+            (_, Some(until)) => until,
+            (budget, None) => *self.until_ms.insert(arrival().saturating_add(budget)),
+        }
+    }
+
+    /// The deadline once fixed (0 before, or when it may not be held).
+    pub fn until_ms(&self) -> u64 {
+        self.until_ms.unwrap_or(0)
+    }
 }
 
 impl Flow {

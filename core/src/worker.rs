@@ -174,6 +174,11 @@ impl Worker {
         !self.streams.waits() && self.holds.is_empty() && !self.calls.owes()
     }
 
+    /// Calls to the fleet's service are owed by no stream (`take_owed`).
+    pub fn owes_calls(&self) -> bool {
+        self.calls.owes()
+    }
+
     /// The calls owed to the fleet's service that belong to no stream (commits at a stream's
     /// end, releases of reservations not used), for the host to send from its timer (they
     /// outlive the stream) and report with `call_sent` or `call_not_sent`.
@@ -232,12 +237,11 @@ impl Worker {
             // keeps the client from choosing the route, and with it the credential.
             effects.push(Effect::StripSteeringHeader);
         }
-        // A request nothing is cooling or limiting by time is decided on one reading of the
-        // clock, if holding is on (when its hold must end), and without the clock if not.
+        // A request nothing is cooling or limiting by time is decided without the clock.
         let clock = Clock::lazy(lent.clock);
         let g = &*self.gov;
-        let hold_until = deadline::hold_until_ms(&g.cfg.hold, &view.headers, || clock.now());
-        let flow = g.pools().flow_for(view, hold_until);
+        let budget_ms = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
+        let mut flow = g.pools().flow_for(view, budget_ms);
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             let content_length = view
@@ -245,6 +249,7 @@ impl Worker {
                 .get_str("content-length")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
+            flow.hold.fix(|| clock.now()); // the stream leaves its arrival callback
             let read = BodyRead {
                 flow,
                 content_length,
@@ -358,8 +363,14 @@ impl Worker {
             clock,
         };
         let responses = gov.responses();
-        let decided =
-            responses.on_headers(flow, status, headers, end_of_stream, &mut from_upstream, &mut env);
+        let decided = responses.on_headers(
+            flow,
+            status,
+            headers,
+            end_of_stream,
+            &mut from_upstream,
+            &mut env,
+        );
         let mut effects = Vec::new();
         if !decided.told.is_empty() {
             set_headers(&mut effects, decided.told);
@@ -553,7 +564,10 @@ impl Worker {
                     Some(Stream::Held { body_ended }) => body_ended,
                     _ => false,
                 };
-                out.push((id, self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now))));
+                out.push((
+                    id,
+                    self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now)),
+                ));
             }
         }
         out
@@ -577,10 +591,12 @@ impl Worker {
     /// an HTTP/1.1 connection survives the answer).
     fn carry_out(&mut self, id: u32, outcome: Outcome, at: At, clock: &Clock) -> Reaction {
         match outcome {
-            Outcome::Go(flow) => match self.gov.fleet() {
+            Outcome::Go(mut flow) => match self.gov.fleet() {
                 None => self.let_go(id, flow, at.from_tick),
                 Some(fleet) => {
-                    // Admitted here: ask the fleet's service for its limits, and wait.
+                    // Admitted here: ask the fleet's service for its limits, and wait (the
+                    // stream may be leaving its arrival callback: its hold deadline is fixed).
+                    flow.hold.fix(|| clock.now());
                     let first_seq = self.calls.reserve(FleetAsk::calls_of(fleet));
                     let (ask, calls) =
                         FleetAsk::start(fleet, &self.gov.cfg, &flow, first_seq, clock.now());
@@ -609,7 +625,8 @@ impl Worker {
                         effects.push(Effect::DropRequestBody(at.buffered));
                     }
                     let until_ms = clock.now() + REQUEST_BODY_WAIT_MS;
-                    self.streams.set(id, Stream::ReplyPending { reply, until_ms });
+                    self.streams
+                        .set(id, Stream::ReplyPending { reply, until_ms });
                 }
                 Reaction::new(effects, Action::Pause)
             }
@@ -631,7 +648,13 @@ impl Worker {
     }
 
     /// An answer (or a failure to send) of call `seq` of stream `id`'s admission.
-    fn fleet_answer(&mut self, id: u32, seq: u32, reply: ServiceReply, lent: &mut Lent) -> Reaction {
+    fn fleet_answer(
+        &mut self,
+        id: u32,
+        seq: u32,
+        reply: ServiceReply,
+        lent: &mut Lent,
+    ) -> Reaction {
         if !matches!(self.streams.get(id), Some(Stream::AwaitingFleet { .. })) {
             return Reaction::pause(); // late: the stream went on without it
         }
@@ -651,7 +674,9 @@ impl Worker {
             }
         };
         let effects = match progress {
-            Progress::Done(verdict) => return self.fleet_verdict(id, flow, body_ended, verdict, lent),
+            Progress::Done(verdict) => {
+                return self.fleet_verdict(id, flow, body_ended, verdict, lent)
+            }
             Progress::Waiting => Vec::new(),
             Progress::Send(calls) => calls.into_iter().map(Effect::CallService).collect(),
         };
@@ -690,7 +715,11 @@ impl Worker {
                     wait_ms,
                     denied,
                     release,
-                } => Err((crate::blocked::Blocked::Fleet { limit, wait_ms }, denied, release)),
+                } => Err((
+                    crate::blocked::Blocked::Fleet { limit, wait_ms },
+                    denied,
+                    release,
+                )),
             };
             match refused {
                 Ok(charges) => {

@@ -146,17 +146,10 @@ fn respond_raw(
     let flow = &mut flow.clone();
     let now = host.now_ms;
     let (governor, mut env) = host.parts_with(Clock::At(now));
-    let g = match governor.on_response_headers(
-        flow,
-        status,
-        &Headers::new(hs),
-        false,
-        true,
-        &mut env,
-    ) {
-        ResponseStep::NeedBody => {
-            governor.on_response_body(flow, status, &Headers::new(hs), body, &mut env)
-        }
+    let (responses, headers) = (governor.responses(), Headers::new(hs));
+    let decided = responses.on_headers(flow, status, &headers, false, &mut || true, &mut env);
+    let g = match decided.step {
+        ResponseStep::NeedBody => responses.on_error_body(flow, status, &headers, body, &mut env),
         ResponseStep::Rewrite(g) => Some(g),
         ResponseStep::Pass => None,
     };

@@ -28,10 +28,10 @@ const BACKUP: usize = 1;
 fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     let mut host = Host::new(CFG);
     let f = host.forward(PATH, &[A]);
-    assert_eq!(host.governor().steered_to(&f), None);
+    assert_eq!(host.governor().pools().steered_to(&f), None);
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let mut steered = go(host.arrive(1, PATH, &[A]));
-    assert_eq!(host.governor().steered_to(&steered), Some("backup"));
+    assert_eq!(host.governor().pools().steered_to(&steered), Some("backup"));
     assert_eq!(steered.pool, BACKUP);
     // The fallback's account is its label, hashed like a credential: never the client's key.
     assert_eq!(steered.account, host.governor().id(b"backup-key"));
@@ -53,7 +53,10 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     host.advance(GRAIN);
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
-    assert_eq!(host.governor().steered_to(&out[0].1), Some("backup"));
+    assert_eq!(
+        host.governor().pools().steered_to(&out[0].1),
+        Some("backup")
+    );
     // Hold stats are the home pool's, wherever the request waited or went: the gauge is back
     // at 0 on both pools (the soak found it drifting +n on one and -n on the other).
     assert_eq!(host.metrics.count_of(PRIMARY, Counter::Held), 1);

@@ -6,7 +6,9 @@
 mod common;
 
 use common::*;
-use llm_governor_core::fleet::{self, Method, ServiceCall, ServiceReply};
+use llm_governor_core::effects::TICK_MS;
+use llm_governor_core::fleet::ask::ANSWER_SLACK_MS;
+use llm_governor_core::fleet::grpc::{Method, ServiceCall, ServiceReply};
 use llm_governor_core::metrics::{Counter, Histogram};
 use llm_governor_core::worker::{Action, Effect, Reaction, Stage};
 
@@ -76,8 +78,18 @@ fn headers(h: &mut Host, id: u32, hs: &[(&str, &str)]) -> Reaction {
     h.call(|w, lent| w.on_request_headers(id, &v, true, lent))
 }
 
+/// What the service answered to call `seq` of stream `id` (sent as the host's token `seq`).
 fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
-    h.call(|w, lent| w.on_service_answer(Some(id), seq, reply, lent))
+    let token = u64::from(seq);
+    h.worker.call_sent(Some(id), token, seq);
+    let r = h.call(|w, lent| w.on_call_done(Some(id), token, reply, lent));
+    r.map_or(
+        Reaction {
+            effects: Vec::new(),
+            action: Action::Pause,
+        },
+        |(_, r)| r,
+    )
 }
 
 /// The service says OK to call `seq` of stream `id`, the last it waited for: the request goes.
@@ -325,7 +337,7 @@ fn a_refusal_with_no_wait_left_asks_again_after_a_jittered_reask_period() {
     // requests refused together do not ask together.
     assert_eq!(asks_again_after(0, 0.0), 1);
     assert_eq!(asks_again_after(0, 0.5), 1 + 39 / 2);
-    assert_eq!(asks_again_after(0, 0.999_999), 2 * fleet::REASK_MS - 1);
+    assert_eq!(asks_again_after(0, 0.999_999), 2 * TICK_MS - 1);
     // A reported wait is kept as it is.
     assert_eq!(asks_again_after(2, 0.999_999), 2000);
 }
@@ -505,7 +517,7 @@ fn a_failed_reservation_still_asks_the_request_limit_and_falls_back_for_the_budg
 #[test]
 fn a_first_stage_with_no_answer_by_the_timeout_asks_nothing_more() {
     let (mut h, _asked) = token_and_request_limits_asked();
-    h.advance(50 + fleet::ANSWER_SLACK_MS);
+    h.advance(50 + ANSWER_SLACK_MS);
     let left = h.tick_reactions();
     assert_eq!(left.len(), 1);
     assert!(calls(&left[0].1).is_empty(), "{left:?}");

@@ -225,7 +225,10 @@ fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
     let mut other = Flow {
         ..host.forward(PATH, &[B])
     };
-    other.account = host.governor().account_of(&Headers::new(&owned(&[A])));
+    other.account = host
+        .governor()
+        .pools()
+        .account_of(&Headers::new(&owned(&[A])));
     host.answer(&mut other, 429, &[("retry-after", "20")], RL);
     host.advance(2_900 + GRAIN);
     let out = host.tick();

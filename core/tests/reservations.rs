@@ -127,7 +127,7 @@ fn an_error_the_provider_sent_gives_the_reservation_back() {
     let mut host = Host::new(&config(""));
     let body = chat(50, Some("500"));
     let mut flow = host.forward_with_body(PATH, &[], &body);
-    host.with_env(|g, env| g.on_upstream_error(&mut flow, env));
+    host.answer(&mut flow, 400, &[], "");
     assert_eq!(level(&host, pool_id()), 3000);
     assert!(!flow.reserves());
 }
@@ -342,7 +342,7 @@ fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
     // An error the provider answered still gives it back: its limiter counted nothing.
     let mut flow = host.forward_with_body(PATH, &[], &body);
-    host.with_env(|g, env| g.on_upstream_error(&mut flow, env));
+    host.answer(&mut flow, 400, &[], "");
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
 }
 

@@ -8,6 +8,7 @@
 mod common;
 
 use common::{header, view, Host};
+use llm_governor_core::effects::Direction;
 use llm_governor_core::headers::owned;
 use llm_governor_core::metrics::Counter;
 use llm_governor_core::worker::{
@@ -519,8 +520,8 @@ fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouche
     let mut host = Host::new(RESERVING);
     headers(&mut host, 1, false, &[A]);
     // Reading the body before admission: the worker wants the request body.
-    assert!(host.worker.reads_body(1, true));
-    assert!(!host.worker.reads_body(1, false));
+    assert!(host.worker.reads_body(1, Direction::Request));
+    assert!(!host.worker.reads_body(1, Direction::Response));
     host.io.request_bodies.insert(1, BODY.to_vec());
     assert_eq!(
         body(&mut host, 1, BODY.len(), true).action,
@@ -528,7 +529,7 @@ fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouche
     );
     // Upstream now: more request body is let through; the response body is scanned for usage
     // (this limit settles with it).
-    assert!(!host.worker.reads_body(1, true));
+    assert!(!host.worker.reads_body(1, Direction::Request));
     assert_eq!(
         body(&mut host, 1, 10, true),
         Reaction {
@@ -537,9 +538,15 @@ fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouche
         }
     );
     // A stream the worker does not know: nothing to read.
-    assert!(!host.worker.reads_body(99, true) && !host.worker.reads_body(99, false));
+    assert!(
+        !host.worker.reads_body(99, Direction::Request)
+            && !host.worker.reads_body(99, Direction::Response)
+    );
     // With `{}`, a forwarded request's bodies are never needed.
     let mut plain = Host::new("{}");
     headers(&mut plain, 1, false, &[A]);
-    assert!(!plain.worker.reads_body(1, true) && !plain.worker.reads_body(1, false));
+    assert!(
+        !plain.worker.reads_body(1, Direction::Request)
+            && !plain.worker.reads_body(1, Direction::Response)
+    );
 }

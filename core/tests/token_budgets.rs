@@ -62,7 +62,7 @@ fn budget_admits_while_tokens_are_left_and_charges_usage() {
     let mut flow = host.forward("/v1/chat/completions", &t);
     assert_eq!(flow.charges.len(), 1);
     // Usage above the bucket: the tenant goes into debt...
-    host.with_env(|g, env| g.on_usage(&mut flow, 1500, env));
+    host.end_with_usage(&mut flow, 1500);
     // ...and is refused until 501 tokens have refilled at 100 per second.
     match host.request("/v1/chat/completions", &t) {
         Decision::Reply(r) => {

@@ -105,9 +105,8 @@ pub fn remove_header(kind: MapType, name: &str) -> HostResult<()> {
 }
 
 #[rustfmt::skip] // one argument pair a line reads better than one argument a line
-pub fn send_local_response(status: u32, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
+pub fn send_local_response(status: u32, details: &str, headers: &[(&str, String)], body: &[u8]) -> HostResult<()> {
     let map = WireHeaders::encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
-    let details = b"llm_governor";
     check(unsafe {
         proxy_send_local_response(status, details.as_ptr(), details.len(), body.as_ptr(), body.len(),
                                   map.as_ptr(), map.len(), -1)

@@ -2,8 +2,8 @@
 
 use super::abi;
 use llm_governor_core::config::Config;
-use llm_governor_core::keys::{self, HashKey};
-use llm_governor_core::metrics::{self, Catalogue, Counter, Gauge, Histogram, Kind, Metrics};
+use llm_governor_core::keys::HashKey;
+use llm_governor_core::metrics::{self, Catalogue, Kind, StatWriter, Write};
 use llm_governor_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{MetricType, Status};
 
@@ -24,51 +24,32 @@ impl SharedStore for HostStore {
 }
 
 /// Envoy stats: one per pool and stat (`llm_governor.pool.<pool>.<stat>`), defined once per VM.
-pub struct HostMetrics(Catalogue<u32>);
-
-impl HostMetrics {
-    pub fn define(cfg: &Config) -> HostMetrics {
-        let pools = cfg.pools.iter().map(|p| p.name.as_str());
-        HostMetrics(Catalogue::define(pools, |kind, pool, stat| {
-            let kind = match kind {
-                Kind::Counter => MetricType::Counter,
-                Kind::Gauge => MetricType::Gauge,
-                Kind::Histogram => MetricType::Histogram,
-            };
-            let name = metrics::stat_name(pool, stat);
-            abi::define_metric(kind, &name)
-                .map_err(|e| log::warn!("llm_governor: could not define stat {name}: {e:?}"))
-                .ok()
-        }))
-    }
+pub fn define_stats(cfg: &Config) -> Catalogue<u32> {
+    let pools = cfg.pools.iter().map(|p| p.name.as_str());
+    Catalogue::define(pools, |kind, pool, stat| {
+        let kind = match kind {
+            Kind::Counter => MetricType::Counter,
+            Kind::Gauge => MetricType::Gauge,
+            Kind::Histogram => MetricType::Histogram,
+        };
+        let name = metrics::stat_name(pool, stat);
+        abi::define_metric(kind, &name)
+            .map_err(|e| log::warn!("llm_governor: could not define stat {name}: {e:?}"))
+            .ok()
+    })
 }
 
-impl Metrics for HostMetrics {
-    fn count(&mut self, pool: usize, c: Counter) {
-        if let Some(id) = self.0.counter(pool, c) {
-            let _ = abi::increment_metric(id, 1);
-        }
-    }
+/// Writes stats by hostcall. `proxy_increment_metric` adds to a gauge too: each worker moves
+/// a gauge by its own part, so the gauge is the sum over workers.
+pub struct HostStats;
 
-    /// (The core's `GaugeCache` skips writes that repeat this worker's last value.)
-    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        if let Some(id) = self.0.gauge(pool, g) {
-            let _ = abi::record_metric(id, value);
-        }
-    }
-
-    /// `proxy_increment_metric` adds to a gauge too: each worker moves the gauge by its own
-    /// part, so the gauge is the sum over workers (a `record` would be last-writer-wins).
-    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
-        if let Some(id) = self.0.gauge(pool, g) {
-            let _ = abi::increment_metric(id, delta);
-        }
-    }
-
-    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
-        if let Some(id) = self.0.histogram(pool, h) {
-            let _ = abi::record_metric(id, ms);
-        }
+impl StatWriter<u32> for HostStats {
+    fn write(&mut self, _pool: usize, id: u32, write: Write) {
+        let _ = match write {
+            Write::Count => abi::increment_metric(id, 1),
+            Write::Move(delta) => abi::increment_metric(id, delta),
+            Write::Set(v) | Write::Record(v) => abi::record_metric(id, v),
+        };
     }
 }
 
@@ -83,13 +64,10 @@ pub fn seed() -> u64 {
     u64::from_le_bytes(seed)
 }
 
-/// The key of the ids (`HashKey::for_envoy` over Envoy shared data): the VM sees
-/// `LLM_GOVERNOR_HASH_KEY` when `vm_config.environment_variables.host_env_keys` names it.
+/// The key of the ids over Envoy shared data: the VM sees `LLM_GOVERNOR_HASH_KEY` when
+/// `vm_config.environment_variables.host_env_keys` names it.
 pub fn hash_key() -> HashKey {
-    let secret = std::env::var(keys::SECRET_ENV).ok();
-    HashKey::for_envoy(&HostStore, secret.as_deref().map(str::as_bytes), || {
-        HashKey::from_words(seed(), seed())
-    })
+    HashKey::for_host(&HostStore, seed)
 }
 
 /// Routes the `log` crate to Envoy's log.

@@ -459,21 +459,21 @@ impl Stream {
         }
     }
 
-    /// Whether `response.code_details` is exactly `details` (None when Envoy has none).
-    pub fn code_details_are(self, details: &[u8]) -> Option<bool> {
+    /// `f` of `response.code_details`, read in place (None when Envoy has none).
+    pub fn with_code_details<T>(self, f: impl FnOnce(Option<&[u8]>) -> T) -> T {
         let mut out = EnvoyBuffer {
             ptr: null(),
             length: 0,
         };
         // SAFETY: a live filter object on its worker thread; the buffer is read before the
-        // hook returns.
+        // hook returns, inside this call.
         unsafe {
-            envoy_dynamic_module_callback_http_filter_get_attribute_string(
+            let found = envoy_dynamic_module_callback_http_filter_get_attribute_string(
                 self.e(),
                 ATTRIBUTE_RESPONSE_CODE_DETAILS,
                 &mut out,
-            )
-            .then(|| bytes(out.ptr, out.length) == details)
+            );
+            f(found.then(|| bytes(out.ptr, out.length)))
         }
     }
 

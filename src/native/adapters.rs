@@ -2,11 +2,12 @@
 
 use super::abi::{self, Body, ConfigHandle, MainThread, StatKind, StatOp, Stream};
 use llm_governor_core::config::Config;
+use llm_governor_core::effects::{from_upstream, StreamIo};
 use llm_governor_core::metrics::{
-    Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics, POOL_LABEL,
+    Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics, Sink, StatWriter, Write,
+    POOL_LABEL,
 };
 use llm_governor_core::store::MemStore;
-use llm_governor_core::worker::StreamIo;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -101,49 +102,60 @@ impl Stats {
         if self.made.swap(true, Ordering::Relaxed) {
             return;
         }
-        let sink = self.on(s);
+        let mut to = self.to(To::Stream(s));
         for pool in 0..self.pools.len() {
             for c in Counter::ALL {
-                sink.write(pool, self.catalogue.counter(pool, c), StatOp::Increment, 0);
+                if let Some(id) = self.catalogue.counter(pool, c) {
+                    to.op(pool, id, StatOp::Increment, 0);
+                }
             }
             for g in Gauge::ALL {
-                sink.write(pool, self.catalogue.gauge(pool, g), StatOp::Raise, 0);
+                if let Some(id) = self.catalogue.gauge(pool, g) {
+                    to.op(pool, id, StatOp::Raise, 0);
+                }
             }
         }
     }
 
     /// The sink for a call on stream `s` (Envoy finds the stats through the stream's filter).
-    pub fn on(&self, s: Stream) -> Sink<'_> {
+    pub fn on(&self, s: Stream) -> Sink<'_, StatId, StatTo<'_>> {
         Sink {
-            stats: self,
-            to: To::Stream(s),
+            catalogue: &self.catalogue,
+            writer: self.to(To::Stream(s)),
         }
     }
 
     /// The sink for a call on the main thread, with no stream at hand (an owed call's answer).
-    pub fn on_main<'a>(&'a self, main: &'a MainThread) -> Sink<'a> {
+    pub fn on_main<'a>(&'a self, main: &'a MainThread) -> Sink<'a, StatId, StatTo<'a>> {
         Sink {
-            stats: self,
-            to: To::Main(main),
+            catalogue: &self.catalogue,
+            writer: self.to(To::Main(main)),
+        }
+    }
+
+    fn to<'a>(&'a self, to: To<'a>) -> StatTo<'a> {
+        StatTo {
+            pools: &self.pools,
+            to,
         }
     }
 }
 
-pub struct Sink<'a> {
-    stats: &'a Stats,
+/// Where stats are written: through a stream's filter (its worker thread), or the config (the
+/// main thread); each with the pool's name as its label.
+pub struct StatTo<'a> {
+    pools: &'a [String],
     to: To<'a>,
 }
 
-/// What Envoy writes a stat through: a stream's filter (its worker thread), or the config
-/// (the main thread).
 enum To<'a> {
     Stream(Stream),
     Main(&'a MainThread),
 }
 
-impl Sink<'_> {
-    fn write(&self, pool: usize, stat: Option<StatId>, op: StatOp, value: u64) {
-        let (Some(stat), Some(name)) = (stat, self.stats.pools.get(pool)) else {
+impl StatTo<'_> {
+    fn op(&mut self, pool: usize, stat: StatId, op: StatOp, value: u64) {
+        let Some(name) = self.pools.get(pool) else {
             return;
         };
         let labels: &[&str] = match stat.label {
@@ -157,44 +169,16 @@ impl Sink<'_> {
     }
 }
 
-impl Metrics for Sink<'_> {
-    fn count(&mut self, pool: usize, c: Counter) {
-        self.write(
-            pool,
-            self.stats.catalogue.counter(pool, c),
-            StatOp::Increment,
-            1,
-        );
-    }
-
-    /// (The core's `GaugeCache` skips writes that repeat this worker's last value.)
-    fn gauge(&mut self, pool: usize, g: Gauge, value: u64) {
-        self.write(
-            pool,
-            self.stats.catalogue.gauge(pool, g),
-            StatOp::Set,
-            value,
-        );
-    }
-
-    /// Each worker moves the gauge by its own part, so the gauge is the sum over workers.
-    fn add(&mut self, pool: usize, g: Gauge, delta: i64) {
-        let op = if delta < 0 {
-            StatOp::Lower
-        } else {
-            StatOp::Raise
+impl StatWriter<StatId> for StatTo<'_> {
+    fn write(&mut self, pool: usize, stat: StatId, write: Write) {
+        let (op, value) = match write {
+            Write::Count => (StatOp::Increment, 1),
+            Write::Set(v) => (StatOp::Set, v),
+            Write::Move(d) if d < 0 => (StatOp::Lower, d.unsigned_abs()),
+            Write::Move(d) => (StatOp::Raise, d.unsigned_abs()),
+            Write::Record(v) => (StatOp::Record, v),
         };
-        let stat = self.stats.catalogue.gauge(pool, g);
-        self.write(pool, stat, op, delta.unsigned_abs());
-    }
-
-    fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
-        self.write(
-            pool,
-            self.stats.catalogue.histogram(pool, h),
-            StatOp::Record,
-            ms,
-        );
+        self.op(pool, stat, op, value);
     }
 }
 
@@ -237,10 +221,10 @@ impl StreamIo for Io<'_> {
     }
 
     fn answered_by_upstream(&mut self, id: u32) -> bool {
-        let details = self
-            .stream(id)
-            .and_then(|s| s.code_details_are(b"via_upstream"));
-        details.unwrap_or(true)
+        match self.stream(id) {
+            Some(s) => s.with_code_details(from_upstream),
+            None => from_upstream(None),
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How soon an armed deadline is committed again when the worker has not re-armed.
-const RETRY_MS: u64 = 20;
+const RETRY_MS: u64 = llm_governor_core::effects::TICK_MS;
 
 /// No deadline.
 const NONE: u64 = u64::MAX;

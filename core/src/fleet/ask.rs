@@ -107,7 +107,13 @@ impl FleetAsk {
         self.until_ms
     }
 
-    fn send(&mut self, fleet: &FleetLimits, cfg: &Config, end: usize, now: u64) -> Vec<ServiceCall> {
+    fn send(
+        &mut self,
+        fleet: &FleetLimits,
+        cfg: &Config,
+        end: usize,
+        now: u64,
+    ) -> Vec<ServiceCall> {
         let calls = (self.sent..end)
             .map(|i| fleet.ask_call(cfg, &self.asks[i], self.first_seq.wrapping_add(i as u32)))
             .collect();
@@ -162,7 +168,10 @@ impl FleetAsk {
     /// The request is gone before the verdict: the reservations granted so far, to release.
     pub fn abandon(self) -> Vec<Grant> {
         let FleetAsk { asks, said, .. } = self;
-        grants(asks.into_iter().zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed))))
+        grants(
+            asks.into_iter()
+                .zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed))),
+        )
     }
 
     /// Every fleet counter is counted here: each call's outcome and how long it took.

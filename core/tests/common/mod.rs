@@ -285,7 +285,7 @@ impl Host {
 
     /// The stream of `flow` ended with the provider reporting `usage` tokens.
     pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
-        self.with_env(|g, env| g.on_stream_end(flow, Some(usage), env));
+        self.with_env(|g, env| g.responses().on_stream_end(flow, Some(usage), env));
     }
 
     /// A complete response: headers, then (if held) the body. Returns what the client sees.
@@ -310,23 +310,16 @@ impl Host {
     ) -> Option<Governed> {
         let hs = owned(headers);
         self.with_env(|governor, env| {
-            match governor.on_response_headers(
-                flow,
-                status,
-                &Headers::new(&hs),
-                body.is_empty(),
-                true,
-                env,
-            ) {
+            let responses = governor.responses();
+            let headers = Headers::new(&hs);
+            let eos = body.is_empty();
+            let decided = responses.on_headers(flow, status, &headers, eos, &mut || true, env);
+            match decided.step {
                 ResponseStep::Pass => None,
                 ResponseStep::Rewrite(g) => Some(g),
-                ResponseStep::NeedBody => governor.on_response_body(
-                    flow,
-                    status,
-                    &Headers::new(&hs),
-                    body.as_bytes(),
-                    env,
-                ),
+                ResponseStep::NeedBody => {
+                    responses.on_error_body(flow, status, &headers, body.as_bytes(), env)
+                }
             }
         })
     }
@@ -357,7 +350,7 @@ impl Host {
 
     /// The stream of `flow` ended (however it ended).
     pub fn end(&mut self, flow: &mut Flow) {
-        self.with_env(|g, env| g.on_stream_end(flow, None, env));
+        self.with_env(|g, env| g.responses().on_stream_end(flow, None, env));
     }
 
     /// Call the governor directly with this host's environment (and leases of its own).
