@@ -14,7 +14,7 @@ help:
 	@echo "make build-native  build the Envoy dynamic module (target/release/libllm_governor.so)"
 	@echo "make run       provider simulator + Envoy with the module on http://127.0.0.1:10000"
 	@echo "make test      native tests and end-to-end tests against a real Envoy (PYTEST_ARGS=\"-k quota\" to select)"
-	@echo "make lint      rustfmt check and clippy (host and wasm32, -D warnings)"
+	@echo "make lint      structure (no import cycle in core/src, files within budget: scripts/check-structure.py --report), rustfmt check, clippy (host and wasm32, -D warnings)"
 	@echo "make validate  envoy --mode validate on every config in envoy/"
 	@echo "make sim       build the provider simulator ($(SIM_BIN))"
 	@echo "make rls       build the Limitador-compatible test fixture (integration/limitador-rls; Debian packages on demand)"
@@ -48,7 +48,11 @@ test: build build-native sim rls envoy venv
 run: build sim envoy
 	@scripts/run.sh
 
+# The structure first (standard library only, no tool to install): the checker's own tests,
+# then the check itself (no cycle in core/src's use graph, every file within its budget).
 lint:
+	python3 scripts/check-structure.py --self-test
+	python3 scripts/check-structure.py
 	@scripts/ensure-rust-tools.sh
 	@scripts/ensure-wasm-target.sh
 	cargo fmt --all -- --check

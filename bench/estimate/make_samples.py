@@ -55,7 +55,9 @@ def main():
     readme = read("README.md", 0, 4000)
     code = read("src/cooldown.rs", 0, 4000)
     yaml = read("envoy/envoy.yaml", 0, 3000)
-    table = read("BENCHMARKS.md", read("BENCHMARKS.md", 0, 10**7).find("| config |"), 2500)
+    # The issue-3 storm table, which opened BENCHMARKS.md when the set was made; it is in the
+    # history now, with one image path 5 characters shorter than in samples.jsonl.
+    table = read("docs/benchmarks-history.md", read("docs/benchmarks-history.md", 0, 10**7).find("| config |"), 2500)
     samples = [
         ("openai-chat-short", "openai", openai_chat("You are a helpful assistant.", "What is the capital of France?")),
         ("openai-chat-readme", "openai", openai_chat("Summarise the document for an operator.", readme)),

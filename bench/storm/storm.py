@@ -23,9 +23,9 @@ same with `settle: "reservation"`, (e-tpm-after) charging after the response (`r
 LiteLLM proxies sharing the deployment's rpm/tpm on one Redis behind the same balancer.
 `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
-storm_core/analysis.py and BENCHMARKS.md. Writes bench/out/storm/results.json and one timeline
-PNG per scenario, and prints the tables; with --repeat N each cell is min–max (median) over N
-runs, every gateway restarted for each run.
+storm_core/analysis.py and docs/benchmarks-history.md. Writes bench/out/storm/results.json and
+one timeline PNG per scenario, and prints the tables; with --repeat N each cell is min–max
+(median) over N runs, every gateway restarted for each run.
 
 Artifacts (issue 23): every llm-governor configuration (e*, f, g, x-*) runs once per artifact of
 `--artifact` (default: $LLM_GOVERNOR_ARTIFACT, else wasm): `--artifact wasm,native` puts the

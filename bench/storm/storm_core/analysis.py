@@ -2,7 +2,7 @@
 status, `decision`, `hint_ms`; `max_in_flight_by_key`) and from what the clients received.
 Nothing of the simulator's window or the filter's cooldown is re-derived here.
 
-Definitions (also in BENCHMARKS.md):
+Definitions (also in docs/benchmarks-history.md, "Storms with hold"):
 
 - t = 0 is the instant the clients are released; an upstream request's time is the simulator's
   `unix_ms` (arrival) minus t = 0.

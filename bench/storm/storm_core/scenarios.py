@@ -249,7 +249,7 @@ TPM_FULL = dataclasses.replace(
 # Each call sends `max_tokens: 64`, so the request window binds, as the schedule minimum says:
 # without it each reservation holds the config's 1,024 default output tokens, 57 calls fit the
 # token budget's minute, and the storm measures the gateway's own estimate instead (stop 28's
-# tables, BENCHMARKS.md).
+# tables, docs/benchmarks-history.md).
 # (x-litellm): three LiteLLM proxies sharing the deployment's rpm/tpm on one Redis (issue 21, item 7).
 FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m", "x-litellm")
 FLEET = Storm(
