@@ -107,6 +107,13 @@ impl<'a> Admission<'a> {
         })
     }
 
+    /// Give back what admission gave the flow: its local takes and the pace's release (the
+    /// fleet refused it, or it is gone before the fleet answered).
+    pub fn undo(&self, flow: &mut Flow, env: &mut Env) {
+        self.limits.undo(flow, env);
+        self.cooldowns.give_back_release(flow, env);
+    }
+
     /// What `flow` takes of the gate `blocked` names when its turn comes: its cost in the
     /// refused bucket (1 for a request limit, the reservation for a token budget); 0 for other
     /// gates, whose wait does not grow with the queue at a rate the gateway knows.

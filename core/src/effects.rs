@@ -87,7 +87,7 @@ pub enum Effect {
     /// Let the paused response go on (after a tick).
     ResumeResponse,
     /// Call the fleet's rate-limit service on `fleet.cluster` for this stream: report the
-    /// host's token with `Worker::call_sent` and what became of it with
+    /// host's token with `Calls::sent` and what became of it with
     /// `Worker::on_call_done`. If it cannot be sent, tell `Worker::failed` (`Failure::Call`).
     CallService(ServiceCall),
 }

@@ -119,6 +119,20 @@ impl<'a> Headers<'a> {
         value_str(self.get(name)?)
     }
 
+    /// A response's `:status` (0 when missing or not a number).
+    pub fn status(&self) -> u16 {
+        self.get_str(":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The `content-length` a request declares (0 when missing or not a number).
+    pub fn content_length(&self) -> usize {
+        self.get_str("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }

@@ -111,13 +111,13 @@ pub fn call_done<H: Host>(host: &H, stream: Option<u32>, token: u64, reply: Serv
 /// Send the calls owed by no stream (commits at a stream's end, releases); one that cannot be
 /// sent is a failed call.
 pub fn send_owed<H: Host>(host: &H) {
-    let owed = host.with_worker(None, |w, _| w.take_owed());
+    let owed = host.with_worker(None, |w, _| w.calls().take_owed());
     for call in owed.unwrap_or_default() {
         match host.send(None, &call) {
-            Some(token) => host.with_worker(None, |w, _| w.call_sent(None, token, call.seq)),
+            Some(token) => host.with_worker(None, |w, _| w.calls().sent(None, token, call.seq)),
             None => {
                 log_not_sent();
-                host.with_worker(None, |w, lent| w.call_not_sent(call.seq, lent))
+                host.with_worker(None, |w, lent| w.calls().not_sent(call.seq, lent.metrics))
             }
         };
     }
@@ -131,7 +131,7 @@ fn effect<H: Host>(host: &H, id: u32, effect: Effect) -> Option<Failure> {
             log_not_sent();
             return failure;
         };
-        host.with_worker(Some(id), |w, _| w.call_sent(Some(id), token, call.seq));
+        host.with_worker(Some(id), |w, _| w.calls().sent(Some(id), token, call.seq));
         return None;
     }
     let what = effect.what();

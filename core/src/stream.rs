@@ -16,8 +16,10 @@
 //! A stream that is in no state (not in the table) is done: answered locally, ended, or
 //! never governed.
 
+use crate::effects::Direction;
 use crate::fleet::ask::FleetAsk;
 use crate::headers::WireHeaders;
+use crate::metrics::{Counter, Metrics};
 use crate::reply::LocalReply;
 use crate::request::Flow;
 use crate::usage::UsageScanner;
@@ -84,7 +86,7 @@ impl Stream {
         }
     }
 
-    pub(crate) fn stage(&self) -> Stage {
+    fn stage(&self) -> Stage {
         match self {
             Stream::ReadingBody(_) => Stage::ReadingBody,
             Stream::Held { .. } => Stage::Held,
@@ -138,6 +140,22 @@ impl BodyCapability {
     pub(crate) fn seen(&mut self) {
         self.proven = true;
         self.headers_only_until = 0;
+    }
+
+    /// A body waited for never came (and none ever did): for `HEADERS_ONLY_FOR_MS`, nothing
+    /// waits for one. Counted on `pool`; said once in the log.
+    pub(crate) fn missed(&mut self, pool: usize, now: u64, metrics: &mut dyn Metrics) {
+        self.headers_only_until = now + HEADERS_ONLY_FOR_MS;
+        metrics.count(pool, Counter::BodyUnavailable);
+        if !std::mem::replace(&mut self.warned, true) {
+            log::warn!(
+                "llm_governor: a held body never arrived; for a minute, errors are classified from \
+                 status and headers alone and token limits charge after the response instead of \
+                 reserving. In the proxy-wasm module, set allow_on_headers_stop_iteration: true \
+                 in the plugin config so quota errors can be told from rate limits and requests \
+                 can be estimated"
+            );
+        }
     }
 }
 
@@ -197,6 +215,58 @@ impl Streams {
         Some(stream)
     }
 
+    /// Take stream `id` when it waits for the fleet: its flow, whether its body ended, its ask.
+    pub(crate) fn take_fleet(&mut self, id: u32) -> Option<(Flow, bool, FleetAsk)> {
+        if !matches!(self.map.get(&id), Some(Stream::AwaitingFleet { .. })) {
+            return None;
+        }
+        match self.take(id)? {
+            Stream::AwaitingFleet {
+                flow,
+                body_ended,
+                ask,
+            } => Some((flow, body_ended, ask)),
+            _ => None,
+        }
+    }
+
+    /// Take stream `id` when it is held: whether its body ended.
+    pub(crate) fn take_held(&mut self, id: u32) -> bool {
+        matches!(self.take(id), Some(Stream::Held { body_ended: true }))
+    }
+
+    /// Take stream `id` when a local answer waits for its body: the answer.
+    pub(crate) fn take_pending(&mut self, id: u32) -> Option<LocalReply> {
+        if !matches!(self.map.get(&id), Some(Stream::ReplyPending { .. })) {
+            return None;
+        }
+        match self.take(id)? {
+            Stream::ReplyPending { reply, .. } => Some(reply),
+            _ => None,
+        }
+    }
+
+    /// An upstream stream's error response waits for its body until `until_ms`.
+    pub(crate) fn await_error_body(
+        &mut self,
+        id: u32,
+        status: u16,
+        headers: WireHeaders,
+        until_ms: u64,
+    ) {
+        if let Some(Stream::Upstream { flow, .. }) = self.take(id) {
+            let arrived = Vec::new();
+            let wait = Stream::AwaitingErrorBody {
+                flow,
+                status,
+                headers,
+                until_ms,
+                arrived,
+            };
+            self.set(id, wait);
+        }
+    }
+
     /// Move the deadline of a `ReadingBody` stream (some of its body came).
     pub(crate) fn read_longer(&mut self, id: u32, until: u64) {
         if let Some(Stream::ReadingBody(read)) = self.map.get_mut(&id) {
@@ -223,6 +293,34 @@ impl Streams {
 
     pub(crate) fn waits(&self) -> bool {
         !self.due.is_empty()
+    }
+
+    pub(crate) fn stage(&self, id: u32) -> Stage {
+        self.map.get(&id).map_or(Stage::Done, Stream::stage)
+    }
+
+    /// The flow of a stream that went upstream (or whose error body is awaited).
+    pub(crate) fn flow(&self, id: u32) -> Option<&Flow> {
+        match self.map.get(&id)? {
+            Stream::Upstream { flow, .. } | Stream::AwaitingErrorBody { flow, .. } => Some(flow),
+            _ => None,
+        }
+    }
+
+    /// Whether a body callback of this direction would do anything for stream `id` now.
+    pub(crate) fn reads_body(&self, id: u32, direction: Direction) -> bool {
+        let request = direction == Direction::Request;
+        match self.map.get(&id) {
+            Some(
+                Stream::ReadingBody(_)
+                | Stream::Held { .. }
+                | Stream::AwaitingFleet { .. }
+                | Stream::ReplyPending { .. },
+            ) => request,
+            Some(Stream::Upstream { usage, .. }) => !request && usage.is_some(),
+            Some(Stream::AwaitingErrorBody { .. }) => !request,
+            None => false,
+        }
     }
 }
 

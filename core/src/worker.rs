@@ -6,24 +6,22 @@
 //!
 //! The Worker sequences; it decides nothing a job's own type decides: admission and the hold
 //! (`hold`), the fleet's answers (`fleet::ask`), what a response means (`response`), local
-//! answers (`reply`). A stream's state (`stream::Stream`) lives in the worker's table from its
-//! first callback until its end.
+//! answers (`reply`). A stream's state lives in its table (`stream`) until the stream's end.
 
 use crate::deadline;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::ask::{self, FleetAsk, Progress, Verdict};
-use crate::fleet::calls::{Calls, Owner};
-use crate::fleet::grpc::{ServiceCall, ServiceReply, NOT_SENT};
-use crate::fleet::limits::Grant;
+use crate::fleet::ask::{FleetAsk, Progress, Verdict};
+use crate::fleet::calls::Calls;
+use crate::fleet::grpc::{ServiceReply, NOT_SENT};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
-use crate::metrics::{Counter, GaugeCache};
+use crate::metrics::GaugeCache;
 use crate::policy::Governor;
 use crate::reply;
-use crate::request::{FleetCharge, Flow, RequestView, STEERING_HEADER};
+use crate::request::{Flow, RequestView, STEERING_HEADER};
 use crate::response::ResponseStep;
 use crate::retry_after::{Random, Xorshift};
 use crate::stream::{BodyCapability, BodyRead, Stream, Streams};
@@ -128,14 +126,11 @@ impl Worker {
 
     /// The flow of a stream that went upstream (or whose error body is awaited).
     pub fn flow(&self, id: u32) -> Option<&Flow> {
-        match self.streams.get(id)? {
-            Stream::Upstream { flow, .. } | Stream::AwaitingErrorBody { flow, .. } => Some(flow),
-            _ => None,
-        }
+        self.streams.flow(id)
     }
 
     pub fn stage(&self, id: u32) -> Stage {
-        self.streams.get(id).map_or(Stage::Done, Stream::stage)
+        self.streams.stage(id)
     }
 
     /// Whether `on_response_headers` needs stream `id`'s response headers (it went upstream
@@ -147,18 +142,7 @@ impl Worker {
     /// Whether a body callback of this direction would do anything for stream `id` now: a host
     /// may let any other body chunk through without reading its size.
     pub fn reads_body(&self, id: u32, direction: Direction) -> bool {
-        let request = direction == Direction::Request;
-        match self.streams.get(id) {
-            Some(
-                Stream::ReadingBody(_)
-                | Stream::Held { .. }
-                | Stream::AwaitingFleet { .. }
-                | Stream::ReplyPending { .. },
-            ) => request,
-            Some(Stream::Upstream { usage, .. }) => !request && usage.is_some(),
-            Some(Stream::AwaitingErrorBody { .. }) => !request,
-            _ => false,
-        }
+        self.streams.reads_body(id, direction)
     }
 
     /// When `tick` next has something to do; None when nothing waits or is held.
@@ -174,29 +158,10 @@ impl Worker {
         !self.streams.waits() && self.holds.is_empty() && !self.calls.owes()
     }
 
-    /// Calls to the fleet's service are owed by no stream (`take_owed`).
-    pub fn owes_calls(&self) -> bool {
-        self.calls.owes()
-    }
-
-    /// The calls owed to the fleet's service that belong to no stream (commits at a stream's
-    /// end, releases of reservations not used), for the host to send from its timer (they
-    /// outlive the stream) and report with `call_sent` or `call_not_sent`.
-    pub fn take_owed(&mut self) -> Vec<ServiceCall> {
-        self.calls.take_owed()
-    }
-
-    /// The host sent call `seq` of `stream` (None: an owed call) as `token`; its answer comes
-    /// to `on_call_done` with the same stream and token.
-    pub fn call_sent(&mut self, stream: Option<u32>, token: u64, seq: u32) {
-        self.calls.sent(stream, token, seq);
-    }
-
-    /// The host could not send the owed call `seq`: a failed call.
-    pub fn call_not_sent(&mut self, seq: u32, lent: &mut Lent) {
-        if let Some(pool) = self.calls.not_sent(seq) {
-            lent.metrics.count(pool, Counter::FleetErrors);
-        }
+    /// The worker's calls to the fleet's service: the owed ones for the host to send from
+    /// its timer (they outlive the stream that owed them), and what the host sent.
+    pub fn calls(&mut self) -> &mut Calls {
+        &mut self.calls
     }
 
     /// What became of the call `token` of `stream` (None: owed by no stream). For a stream
@@ -208,19 +173,8 @@ impl Worker {
         reply: ServiceReply,
         lent: &mut Lent,
     ) -> Option<(u32, Reaction)> {
-        let out = self.calls.done(stream, token)?;
-        match out.owner {
-            Owner::Nobody { pool } => {
-                // A commit or a release: only counted.
-                let c = match reply {
-                    ServiceReply::Message(_) => Counter::FleetCallsOk,
-                    ServiceReply::Failed(_) => Counter::FleetErrors,
-                };
-                lent.metrics.count(pool, c);
-                None
-            }
-            Owner::Stream(id) => Some((id, self.fleet_answer(id, out.seq, reply, lent))),
-        }
+        let (id, seq) = self.calls.done(stream, token, reply, lent.metrics)?;
+        Some((id, self.fleet_step(id, Some((seq, reply)), lent)))
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -244,15 +198,10 @@ impl Worker {
         let mut flow = g.pools().flow_for(view, budget_ms);
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
-            let content_length = view
-                .headers
-                .get_str("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
             flow.hold.fix(|| clock.now()); // the stream leaves its arrival callback
             let read = BodyRead {
                 flow,
-                content_length,
+                content_length: view.headers.content_length(),
                 until_ms: clock.now() + BODY_WAIT_MS,
                 seen: false,
             };
@@ -278,46 +227,47 @@ impl Worker {
         end_of_stream: bool,
         lent: &mut Lent,
     ) -> Reaction {
+        self.request_body(id, Some(body_size), end_of_stream, lent)
+    }
+
+    /// The request trailers arrived: its body has ended.
+    pub fn on_request_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
+        self.request_body(id, None, true, lent)
+    }
+
+    /// Some of the request body (`size` buffered in all, when a body callback said), or its
+    /// end.
+    fn request_body(
+        &mut self,
+        id: u32,
+        size: Option<usize>,
+        ended: bool,
+        lent: &mut Lent,
+    ) -> Reaction {
         match self.streams.get_mut(id) {
             Some(Stream::ReadingBody(read)) => {
-                if !read.seen {
+                if !read.seen && size.is_some() {
                     // Some of it came: the rest gets the longer wait.
                     read.seen = true;
                     self.body.seen();
                     let until = (lent.clock)() + REQUEST_BODY_WAIT_MS;
                     self.streams.read_longer(id, until);
                 }
-                if !end_of_stream && body_size < estimate::MAX_BODY {
+                if !ended && size.is_some_and(|n| n < estimate::MAX_BODY) {
                     return Reaction::pause(); // Envoy buffers it
                 }
-                self.admit_read(id, Some(body_size), end_of_stream, lent)
+                self.admit_read(id, size, ended, lent)
             }
-            Some(Stream::ReplyPending { .. }) if end_of_stream => self.send_pending(id),
+            Some(Stream::ReplyPending { .. }) if ended => self.send_pending(id),
             Some(Stream::ReplyPending { .. }) => {
-                let drop = (body_size > 0).then_some(Effect::DropRequestBody(body_size));
+                let drop = size.filter(|n| *n > 0).map(Effect::DropRequestBody);
                 Reaction::new(drop.into_iter().collect(), Action::Pause)
             }
             Some(paused) => match paused.body_ended() {
                 // Held or waiting for the fleet: Envoy buffers the body until the request is
                 // let go; continuing here would release the held headers too.
-                Some(ended) => {
-                    *ended |= end_of_stream;
-                    Reaction::pause()
-                }
-                None => Reaction::go_on(),
-            },
-            None => Reaction::go_on(),
-        }
-    }
-
-    /// The request trailers arrived: its body has ended.
-    pub fn on_request_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        match self.streams.get_mut(id) {
-            Some(Stream::ReadingBody(_)) => self.admit_read(id, None, true, lent),
-            Some(Stream::ReplyPending { .. }) => self.send_pending(id),
-            Some(paused) => match paused.body_ended() {
-                Some(ended) => {
-                    *ended = true;
+                Some(body_ended) => {
+                    *body_ended |= ended;
                     Reaction::pause()
                 }
                 None => Reaction::go_on(),
@@ -337,40 +287,16 @@ impl Worker {
         let Some(Stream::Upstream { flow, usage }) = self.streams.get_mut(id) else {
             return Reaction::go_on();
         };
-        let status = headers
-            .get_str(":status")
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = headers.status();
         let io = &mut *lent.io;
         let mut from_upstream = || io.answered_by_upstream(id);
         // A plain success needs no time (nothing cools, nothing waits): the clock is read only
         // when the policy asks, once.
-        let clock = Clock::lazy(lent.clock);
-        let Worker {
-            gov,
-            leases,
-            rng,
-            gauges,
-            body,
-            ..
-        } = self;
-        let mut metrics = gauges.over(&mut *lent.metrics);
-        let mut env = Env {
-            store: lent.store,
-            metrics: &mut metrics,
-            rng: &mut **rng,
-            leases,
-            clock,
-        };
-        let responses = gov.responses();
-        let decided = responses.on_headers(
-            flow,
-            status,
-            headers,
-            end_of_stream,
-            &mut from_upstream,
-            &mut env,
-        );
+        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
+        let responses = g.responses();
+        let eos = end_of_stream;
+        let decided =
+            responses.on_headers(flow, status, headers, eos, &mut from_upstream, &mut env);
         let mut effects = Vec::new();
         if !decided.told.is_empty() {
             set_headers(&mut effects, decided.told);
@@ -381,22 +307,14 @@ impl Worker {
         let governed = match decided.step {
             ResponseStep::Pass => return Reaction::new(effects, Action::Continue),
             ResponseStep::Rewrite(governed) => Some(governed),
-            ResponseStep::NeedBody if !body.expected(|| env.now()) => {
+            ResponseStep::NeedBody if !self.body.expected(|| env.now()) => {
                 // Body callbacks do not come now: classified by status and headers alone.
                 responses.on_error_body(flow, status, headers, &[], &mut env)
             }
             ResponseStep::NeedBody => {
                 let until_ms = env.now() + BODY_WAIT_MS;
-                if let Some(Stream::Upstream { flow, .. }) = self.streams.take(id) {
-                    let wait = Stream::AwaitingErrorBody {
-                        flow,
-                        status,
-                        headers: headers.to_wire(),
-                        until_ms,
-                        arrived: Vec::new(),
-                    };
-                    self.streams.set(id, wait);
-                }
+                let wire = headers.to_wire();
+                self.streams.await_error_body(id, status, wire, until_ms);
                 return Reaction::new(effects, Action::Pause);
             }
         };
@@ -458,34 +376,34 @@ impl Worker {
             return;
         };
         // Most streams owe nothing at their end: the clock is read only for those that do.
-        let (pool, owed) = {
-            borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
-            match stream {
-                Stream::Upstream { flow, usage } => {
-                    let usage = usage.and_then(|s| s.total());
-                    if !flow.owes_at_end() && usage.is_none() {
-                        return;
-                    }
-                    settle(g, flow, usage, &mut env)
+        let gov = self.gov.clone();
+        borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
+        let (mut flow, usage) = match stream {
+            Stream::Upstream { flow, usage } => (flow, usage.and_then(|s| s.total())),
+            Stream::AwaitingErrorBody { flow, .. } => (flow, None),
+            Stream::Held { .. } => return drop(holds.forget(id, &mut env)),
+            Stream::AwaitingFleet { mut flow, ask, .. } => {
+                // Gone before the fleet answered: what it took goes back, and what the fleet
+                // reserved for it so far is released.
+                g.admission().undo(&mut flow, &mut env);
+                if let Some(fleet) = gov.fleet() {
+                    let pool = flow.pool;
+                    self.calls
+                        .owe_releases(fleet, &gov.cfg, pool, &ask.abandon());
                 }
-                Stream::AwaitingErrorBody { flow, .. } if flow.owes_at_end() => {
-                    settle(g, flow, None, &mut env)
-                }
-                Stream::Held { .. } => {
-                    holds.forget(id, &mut env);
-                    return;
-                }
-                Stream::AwaitingFleet { mut flow, ask, .. } => {
-                    // Gone before the fleet answered: what it took goes back, and what the
-                    // fleet reserved for it so far is released.
-                    g.limits().undo(&mut flow, &mut env);
-                    g.cooldowns().give_back_release(&mut flow, &mut env);
-                    (flow.pool, Owed::Release(ask.abandon()))
-                }
-                _ => return,
+                return;
             }
+            Stream::ReadingBody(_) | Stream::ReplyPending { .. } => return,
         };
-        self.owe(pool, owed);
+        if !flow.owes_at_end() && usage.is_none() {
+            return;
+        }
+        g.responses().on_stream_end(&mut flow, usage, &mut env);
+        // The fleet's token budgets settle with the usage: a commit owed to the service.
+        if let (Some(fleet), Some(charged)) = (gov.fleet(), &flow.fleet) {
+            self.calls
+                .owe_commits(fleet, &gov.cfg, flow.pool, &charged.charges);
+        }
     }
 
     /// The host could not apply an effect for stream `id`: what to do instead.
@@ -504,7 +422,9 @@ impl Worker {
                 Reaction::pause()
             }
             // A call that could not be sent is a call that failed: the fallback decides.
-            Failure::Call(seq) => self.fleet_answer(id, seq, ServiceReply::Failed(NOT_SENT), lent),
+            Failure::Call(seq) => {
+                self.fleet_step(id, Some((seq, ServiceReply::Failed(NOT_SENT))), lent)
+            }
         }
     }
 
@@ -524,29 +444,11 @@ impl Worker {
                 }
                 Some(Stream::ReplyPending { .. }) => self.send_pending(id),
                 // The service never answered within its timeout: the calls still out failed.
-                Some(Stream::AwaitingFleet { .. }) => {
-                    let Some(Stream::AwaitingFleet {
-                        flow,
-                        body_ended,
-                        ask,
-                    }) = self.streams.take(id)
-                    else {
-                        continue;
-                    };
-                    let verdict = {
-                        borrow_env!(self, lent, Clock::At(now) => g, _holds, env);
-                        match g.fleet() {
-                            Some(fleet) => ask.overdue(fleet, &g.cfg, &mut env),
-                            None => Verdict::Admit(Vec::new()),
-                        }
-                    };
-                    self.fleet_verdict(id, flow, body_ended, verdict, lent)
-                }
+                Some(Stream::AwaitingFleet { .. }) => self.fleet_step(id, None, lent),
                 Some(Stream::ReadingBody(read)) => {
                     // The body is slow, or body callbacks never come: admit on what arrived.
                     if !read.seen && !self.body.proven {
-                        let pool = read.flow.pool;
-                        self.body_never_came(pool, now, lent);
+                        self.body.missed(read.flow.pool, now, lent.metrics);
                     }
                     self.admit_read(id, None, false, lent)
                 }
@@ -560,14 +462,8 @@ impl Worker {
                 holds.tick(g, &mut env)
             };
             for (id, outcome) in left {
-                let body_ended = match self.streams.take(id) {
-                    Some(Stream::Held { body_ended }) => body_ended,
-                    _ => false,
-                };
-                out.push((
-                    id,
-                    self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now)),
-                ));
+                let at = At::paused(self.streams.take_held(id));
+                out.push((id, self.carry_out(id, outcome, at, &Clock::At(now))));
             }
         }
         out
@@ -647,30 +543,25 @@ impl Worker {
         Reaction::new(effects, Action::Continue)
     }
 
-    /// An answer (or a failure to send) of call `seq` of stream `id`'s admission.
-    fn fleet_answer(
+    /// An answer (`Some`: of call `seq`, or a failure to send it) for stream `id`'s admission,
+    /// or (`None`) its calls overdue.
+    fn fleet_step(
         &mut self,
         id: u32,
-        seq: u32,
-        reply: ServiceReply,
+        answer: Option<(u32, ServiceReply)>,
         lent: &mut Lent,
     ) -> Reaction {
-        if !matches!(self.streams.get(id), Some(Stream::AwaitingFleet { .. })) {
+        let Some((flow, body_ended, mut ask)) = self.streams.take_fleet(id) else {
             return Reaction::pause(); // late: the stream went on without it
-        }
-        let Some(Stream::AwaitingFleet {
-            flow,
-            body_ended,
-            mut ask,
-        }) = self.streams.take(id)
-        else {
-            return Reaction::pause();
         };
         let progress = {
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
-            match g.fleet() {
-                Some(fleet) => ask.answer(fleet, &g.cfg, seq, reply, &mut env),
-                None => Progress::Done(Verdict::Admit(Vec::new())),
+            match (g.fleet(), answer) {
+                (Some(fleet), Some((seq, reply))) => {
+                    ask.answer(fleet, &g.cfg, seq, reply, &mut env)
+                }
+                (Some(fleet), None) => Progress::Done(ask.overdue(fleet, &g.cfg, &mut env)),
+                (None, _) => Progress::Done(Verdict::Admit(Vec::new())),
             }
         };
         let effects = match progress {
@@ -700,83 +591,33 @@ impl Worker {
         verdict: Verdict,
         lent: &mut Lent,
     ) -> Reaction {
-        let (outcome, releases, now) = {
+        let (outcome, now) = {
+            let gov = self.gov.clone();
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
-            let refused = match verdict {
-                Verdict::Admit(charges) => Ok(charges),
-                Verdict::Fallback { limits, charges } => {
-                    match g.limits().take_fallback(&mut flow, &limits, &mut env) {
-                        Ok(()) => Ok(charges),
-                        Err(blocked) => Err((blocked, false, ask::released(charges))),
-                    }
-                }
-                Verdict::Refused {
-                    limit,
-                    wait_ms,
-                    denied,
-                    release,
-                } => Err((
-                    crate::blocked::Blocked::Fleet { limit, wait_ms },
-                    denied,
-                    release,
-                )),
-            };
-            match refused {
+            let limits = g.limits();
+            let refusal = match verdict.settle(|l| limits.take_fallback(&mut flow, l, &mut env)) {
                 Ok(charges) => {
                     if !charges.is_empty() {
                         flow.fleet_mut().charges = charges;
                     }
-                    (Ok(flow), (0, Vec::new()), None)
+                    return self.let_go(id, flow, true);
                 }
-                Err((blocked, denied, releases)) => {
-                    g.limits().undo(&mut flow, &mut env);
-                    g.cooldowns().give_back_release(&mut flow, &mut env);
-                    let pool = flow.pool;
-                    let outcome = if denied {
-                        let reply = g.replies().reply_for(&flow, &blocked, &mut env);
-                        Outcome::Reply(flow, reply)
-                    } else {
-                        holds.wait(g, flow, blocked, id, &mut env)
-                    };
-                    (Err(outcome), (pool, releases), Some(env.now()))
-                }
+                Err(refusal) => refusal,
+            };
+            g.admission().undo(&mut flow, &mut env);
+            if let Some(fleet) = gov.fleet() {
+                self.calls
+                    .owe_releases(fleet, &gov.cfg, flow.pool, &refusal.release);
             }
+            let outcome = if refusal.denied {
+                let reply = g.replies().reply_for(&flow, &refusal.blocked, &mut env);
+                Outcome::Reply(flow, reply)
+            } else {
+                holds.wait(g, flow, refusal.blocked, id, &mut env)
+            };
+            (outcome, env.now())
         };
-        match outcome {
-            Ok(flow) => self.let_go(id, flow, true),
-            Err(outcome) => {
-                let (pool, grants) = releases;
-                self.owe(pool, Owed::Release(grants));
-                let clock = now.map_or(Clock::lazy(lent.clock), Clock::At);
-                self.carry_out(id, outcome, At::paused(body_ended), &clock)
-            }
-        }
-    }
-
-    /// Owe the service what a request leaves behind, from the host's timer: a commit of each
-    /// token budget it was charged, or a release (a Commit of 0) of each reservation it will
-    /// not use.
-    fn owe(&mut self, pool: usize, owed: Owed) {
-        let Some(fleet) = self.gov.fleet() else {
-            return;
-        };
-        let cfg = &self.gov.cfg;
-        match owed {
-            Owed::Settle(charges) => {
-                for charge in &charges {
-                    let seq = self.calls.reserve(1);
-                    if let Some(call) = fleet.settle_call(cfg, charge, seq) {
-                        self.calls.owe(pool, call);
-                    }
-                }
-            }
-            Owed::Release(grants) => {
-                for grant in &grants {
-                    let seq = self.calls.reserve(1);
-                    self.calls.owe(pool, fleet.release_call(cfg, grant, seq));
-                }
-            }
-        }
+        self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now))
     }
 
     /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
@@ -809,14 +650,8 @@ impl Worker {
 
     /// The request body ended (or its wait is over): send the answer that waited for it.
     fn send_pending(&mut self, id: u32) -> Reaction {
-        match self.streams.take(id) {
-            Some(Stream::ReplyPending { reply, .. }) => {
-                Reaction::new(vec![Effect::SendReply(reply)], Action::Pause)
-            }
-            Some(other) => {
-                self.streams.set(id, other);
-                Reaction::go_on()
-            }
+        match self.streams.take_pending(id) {
+            Some(reply) => Reaction::new(vec![Effect::SendReply(reply)], Action::Pause),
             None => Reaction::go_on(),
         }
     }
@@ -841,7 +676,7 @@ impl Worker {
         body.truncate(MAX_ERROR_BODY);
         let clock = Clock::lazy(lent.clock);
         if overdue && body.is_empty() && !self.body.proven {
-            self.body_never_came(flow.pool, clock.now(), lent);
+            self.body.missed(flow.pool, clock.now(), lent.metrics);
         }
         let governed = {
             borrow_env!(self, lent, clock => g, _holds, env);
@@ -856,35 +691,6 @@ impl Worker {
         }
         Reaction::new(effects, Action::Continue)
     }
-
-    fn body_never_came(&mut self, pool: usize, now: u64, lent: &mut Lent) {
-        self.body.headers_only_until = now + HEADERS_ONLY_FOR_MS;
-        lent.metrics.count(pool, Counter::BodyUnavailable);
-        if !std::mem::replace(&mut self.body.warned, true) {
-            log::warn!(
-                "llm_governor: a held body never arrived; for a minute, errors are classified from \
-                 status and headers alone and token limits charge after the response instead of \
-                 reserving. In the proxy-wasm module, set allow_on_headers_stop_iteration: true \
-                 in the plugin config so quota errors can be told from rate limits and requests \
-                 can be estimated"
-            );
-        }
-    }
-}
-
-/// What a request leaves the fleet's service owed when it is done.
-enum Owed {
-    /// Its token budgets, to commit with what the stream used.
-    Settle(Vec<FleetCharge>),
-    /// Reservations it will not use.
-    Release(Vec<Grant>),
-}
-
-/// The stream of `flow` is over: settle it (slots, pace, usage); what it owes the fleet.
-fn settle(g: &Governor, mut flow: Flow, usage: Option<u64>, env: &mut Env) -> (usize, Owed) {
-    g.responses().on_stream_end(&mut flow, usage, env);
-    let charges = flow.fleet.map(|f| f.charges).unwrap_or_default();
-    (flow.pool, Owed::Settle(charges))
 }
 
 /// Set `headers` on the response and record what the access log reads of them.

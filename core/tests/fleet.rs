@@ -81,7 +81,7 @@ fn headers(h: &mut Host, id: u32, hs: &[(&str, &str)]) -> Reaction {
 /// What the service answered to call `seq` of stream `id` (sent as the host's token `seq`).
 fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
     let token = u64::from(seq);
-    h.worker.call_sent(Some(id), token, seq);
+    h.worker.calls().sent(Some(id), token, seq);
     let r = h.call(|w, lent| w.on_call_done(Some(id), token, reply, lent));
     r.map_or(
         Reaction {
@@ -381,7 +381,7 @@ fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
     assert!(r.effects.contains(&Effect::ResumeRequest));
     h.stream_response(3, 200, &[("content-type", "application/json")], USAGE);
     h.end_stream(3);
-    let owed = h.worker.take_owed();
+    let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert_eq!(owed[0].method, Method::Commit);
     assert!(contains(&owed[0].message, b"res-42"));
@@ -391,7 +391,7 @@ fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
         "{:?}",
         owed[0].message
     );
-    assert!(!h.worker.is_idle() || h.worker.take_owed().is_empty());
+    assert!(!h.worker.is_idle() || h.worker.calls().take_owed().is_empty());
 }
 
 #[test]
@@ -407,7 +407,7 @@ fn a_provider_error_commits_nothing_used() {
     );
     h.stream_response(3, 500, &[], r#"{"error":{"message":"boom"}}"#);
     h.end_stream(3);
-    let owed = h.worker.take_owed();
+    let owed = h.worker.calls().take_owed();
     assert!(
         owed[0].message.ends_with(&[0x20, 0]),
         "{:?}",
@@ -429,7 +429,7 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     // It reserved more than the 30 it used: nothing is sent back (no refund).
     h.stream_response(3, 200, &[], USAGE);
     h.end_stream(3);
-    assert!(h.worker.take_owed().is_empty());
+    assert!(h.worker.calls().take_owed().is_empty());
 
     // Used more than charged: the difference is a positive charge.
     let big = USAGE
@@ -440,7 +440,7 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     let_go_by(&mut h, 4, asked[0].seq);
     h.stream_response(4, 200, &[], &big);
     h.end_stream(4);
-    let owed = h.worker.take_owed();
+    let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert_eq!(owed[0].method, Method::ShouldRateLimit);
 }
@@ -479,7 +479,7 @@ fn the_request_limit_is_asked_only_once_the_token_budget_reserved() {
     assert!(contains(&then[0].message, b"rpm"));
     assert_eq!(h.worker.stage(3), Stage::AwaitingFleet);
     let_go_by(&mut h, 3, then[0].seq);
-    assert!(h.worker.take_owed().is_empty());
+    assert!(h.worker.calls().take_owed().is_empty());
 }
 
 #[test]
@@ -497,7 +497,7 @@ fn a_token_budget_s_refusal_charges_the_request_limit_nothing() {
     );
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
     assert!(
-        h.worker.take_owed().is_empty(),
+        h.worker.calls().take_owed().is_empty(),
         "nothing was granted, nothing to release"
     );
 }
@@ -536,7 +536,7 @@ fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
         ServiceReply::Message(&reserve_answer(1, "res-9")),
     );
     h.end_stream(3);
-    let owed = h.worker.take_owed();
+    let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert!(contains(&owed[0].message, b"res-9") && owed[0].message.ends_with(&[0x20, 0]));
 }
@@ -557,7 +557,7 @@ fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
         ServiceReply::Message(&rls_answer(2, Some(3))),
     );
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
-    let owed = h.worker.take_owed();
+    let owed = h.worker.calls().take_owed();
     assert!(contains(&owed[0].message, b"res-5") && owed[0].message.ends_with(&[0x20, 0]));
 }
 

@@ -256,7 +256,7 @@ impl Filter {
     /// thread when it owes the service calls that belong to no stream.
     fn after(&self) {
         let (next, owes) = match self.slot().state.lock() {
-            Ok(st) => (st.worker.next_due_ms(), st.worker.owes_calls()),
+            Ok(mut st) => (st.worker.next_due_ms(), st.worker.calls().owes()),
             Err(_) => (None, false),
         };
         self.module.timer.arm(self.slot, next);

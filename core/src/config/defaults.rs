@@ -1,7 +1,7 @@
 //! What every field left out of the configuration becomes, in one place: `Config::default()`
 //! is built from these, and the rules read them from here.
 
-use super::{Config, Cooldown, Hold, Match, OnError, Pool, RetryAfter, Scope, Settle};
+use super::model::{Config, Cooldown, Hold, Match, OnError, Pool, RetryAfter, Scope, Settle};
 use crate::classify::Dialect;
 
 // The top level.

@@ -11,219 +11,27 @@
 //! - `rules`: `TryFrom<ConfigDto> for Config` applies the rules that relate fields (required
 //!   names, duplicates, fallbacks, one kind per limit), naming the field the same way;
 //! - `defaults`: what every field left out becomes;
-//! - this file: the validated configuration the rest of the core reads.
+//! - `model`: the validated configuration the rest of the core reads;
+//! - this file: `parse`, the way through them.
 //!
 //! When a configuration has several errors, the one reported is the first value refused in
 //! the DTOs' order (unknown fields of an object first), else the first rule between fields.
 
 mod defaults;
+mod model;
 mod rules;
 mod tree;
 mod values;
 mod wire;
 
-use crate::classify::Dialect;
 use serde::Deserialize;
 use serde_json::Value;
-use std::fmt;
 
 pub use defaults::{
     DEFAULT_ACCOUNT_HEADERS, DEFAULT_DEADLINE_HEADERS, DEFAULT_FLEET_DOMAIN,
     DEFAULT_FLEET_TIMEOUT_MS, DEFAULT_OUTPUT_TOKENS, DEFAULT_POOL,
 };
-
-/// A configuration error: the JSON path of the offending field and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub field: String,
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "{}", self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// The validated configuration. `Config::default()` (in `defaults.rs`) is what `{}` gives.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// Configured pools, then the implicit `default` pool last.
-    pub pools: Vec<Pool>,
-    pub account_headers: Vec<String>,
-    pub retry_after: RetryAfter,
-    pub cooldown: Cooldown,
-    pub preemptive: bool,
-    pub limits: Vec<Limit>,
-    pub max_keys: u64,
-    pub hold: Hold,
-    /// The rate-limit service several Envoys share budgets through (`limits[].scope: fleet`).
-    pub fleet: Option<Fleet>,
-}
-
-/// The rate-limit service a fleet of Envoys shares its `scope: fleet` budgets through.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fleet {
-    /// The Envoy cluster (HTTP/2) of the service.
-    pub cluster: String,
-    /// The RLS domain (Limitador's namespace).
-    pub domain: String,
-    /// How long a call may take before the fallback applies.
-    pub timeout_ms: u64,
-    pub on_error: OnError,
-    /// Token budgets use Limitador's Reserve / Commit (false: charged at admission, topped up
-    /// after, never refunded).
-    pub reservations: bool,
-}
-
-/// What a fleet limit does while the service cannot answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
-    /// This Envoy's own bucket of the same rate decides.
-    Local,
-    /// The request goes.
-    Allow,
-    /// The request is answered locally (429).
-    Deny,
-}
-
-/// Where a limit is counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// In this Envoy's shared data.
-    Local,
-    /// By the fleet's rate-limit service.
-    Fleet,
-}
-
-/// Holding requests through short waits instead of answering them locally.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Hold {
-    /// The longest wait a request is held through; 0 turns holding off.
-    pub max_ms: u64,
-    /// At most this many requests held at once on one worker.
-    pub max_held: u64,
-    /// Taken off the client's own timeout: a held request is released or answered this long
-    /// before the client would give up.
-    pub margin_ms: u64,
-    /// Where the client's timeout is read from, first present wins.
-    pub deadline_headers: Vec<String>,
-}
-
-impl Hold {
-    pub fn enabled(&self) -> bool {
-        self.max_ms > 0 && self.max_held > 0
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Pool {
-    pub name: String,
-    pub matcher: Match,
-    pub dialect: Dialect,
-    /// Pools that can serve the same requests, in order of preference (indices into `pools`).
-    pub fallback: Vec<usize>,
-    /// The account of a pool whose credential Envoy injects, as a label (hashed like a
-    /// credential); None: the client's own credential is the account.
-    pub account: Option<String>,
-}
-
-/// All given conditions must hold; an empty match matches every request.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Match {
-    pub path_prefix: Option<String>,
-    pub authority: Option<String>,
-    pub header: Option<(String, String)>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryAfter {
-    pub default_ms: u64,
-    pub max_ms: u64,
-    pub jitter: f64,
-    /// Tell clients twice as long per consecutive failed cooldown round (off by default: the
-    /// contract's `retry-after-ms` is the provider's time plus jitter).
-    pub escalate: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cooldown {
-    pub enabled: bool,
-    pub max_ms: u64,
-    pub quota_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum LimitKey {
-    Header(String),
-    Account,
-    Pool,
-    /// The request's model (the body's `model`, Azure's deployment, Gemini's model path), and
-    /// with `header`, that header's value too (`header:<name>+model`).
-    Model {
-        header: Option<String>,
-    },
-}
-
-impl LimitKey {
-    /// The keying header, if any.
-    pub fn header(&self) -> Option<&str> {
-        match self {
-            LimitKey::Header(h) | LimitKey::Model { header: Some(h) } => Some(h),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitKind {
-    Requests,
-    Tokens,
-    /// At most `per_minute` (the cap) requests of one key upstream at once.
-    InFlight,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limit {
-    pub name: String,
-    pub key: LimitKey,
-    pub kind: LimitKind,
-    /// Requests or tokens a minute; for `InFlight`, the cap.
-    pub per_minute: u64,
-    pub burst: u64,
-    /// `InFlight` only: how long a slot whose stream never reported its end (its VM was
-    /// replaced) is counted at most.
-    pub slot_lease_ms: u64,
-    /// `Tokens` only: take the request's estimated input plus its output limit before
-    /// forwarding and settle with the reported usage at the end (false: admit while a token
-    /// is left and charge the usage after the response).
-    pub reserve: bool,
-    /// `Tokens` only: the output reserved for a request that sets no output limit.
-    pub default_output_tokens: u64,
-    /// `Tokens` that reserve: what the reservation becomes when the stream ends.
-    pub settle: Settle,
-    pub scope: Scope,
-}
-
-/// What a token reservation becomes at the end of its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
-    /// As the provider behind the request counts: `Reservation` for OpenAI and Azure OpenAI
-    /// (their TPM limiters count at admission), `Usage` for the others.
-    Auto,
-    /// The usage the provider reported (the difference given back or charged), as Anthropic
-    /// adjusts its output-token limits at the end of a request.
-    Usage,
-    /// It stays what was counted at admission, as OpenAI's TPM counts a request: the larger of
-    /// the estimate and the body's characters / 4, plus its output limit, never adjusted.
-    Reservation,
-}
+pub use model::*;
 
 /// Parse and validate the plugin configuration. Empty input and `{}` give the defaults.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -236,12 +44,4 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         serde_json::from_slice(bytes).map_err(|e| err("", format!("not valid JSON: {e}")))?;
     let dto = wire::ConfigDto::deserialize(tree::Tree(&root))?;
     Config::try_from(dto)
-}
-
-/// An error on `field`, a JSON path (empty for the file as a whole).
-fn err(field: &str, reason: String) -> ConfigError {
-    ConfigError {
-        field: field.to_string(),
-        reason,
-    }
 }

@@ -2,12 +2,12 @@
 //! `Config`, or an error naming the field the way `tree` does (`limits[0].burst: ...`).
 
 use super::defaults;
+use super::model::{err, Config, ConfigError, Fleet, Limit, LimitKind, Match, Pool, Scope};
 use super::values::{
     int_in, positive, Bounded, ClusterName, Flag, HeaderName, KeySpec, ScopeSpec, SettleSpec,
     StatName, Text, UncheckedInt,
 };
 use super::wire::{ConfigDto, LimitDto, PoolDto, MAX_DURATION_MS, MAX_IN_FLIGHT, MAX_PER_MINUTE};
-use super::{err, Config, ConfigError, Fleet, Limit, LimitKind, Match, Pool, Scope};
 
 impl TryFrom<ConfigDto> for Config {
     type Error = ConfigError;

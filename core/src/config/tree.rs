@@ -7,8 +7,8 @@
 //! path itself: each level adds its segment to an error on its way out, which costs less module
 //! size than wrapping it in `serde_path_to_error` (about 12 KiB).
 
+use super::model::ConfigError;
 use super::values::Raw;
-use super::ConfigError;
 use serde::de::value::MapDeserializer;
 use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, SeqAccess, Visitor};
 use serde::Deserialize;

@@ -1,7 +1,7 @@
 //! Leaf values: each type is one rule for one value, with the reason it gives when refused.
 //! The DTOs (`wire`) are built of these, so a field and its rule are written once.
 
-use super::{LimitKey, OnError, Scope, Settle};
+use super::model::{LimitKey, OnError, Scope, Settle};
 use crate::classify::Dialect;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;

@@ -6,6 +6,7 @@
 use super::grpc::{ServiceCall, ServiceReply};
 use super::limits::{Ask, FleetLimits, Grant};
 use super::rls::{self, Code};
+use crate::blocked::Blocked;
 use crate::config::{Config, LimitKind, OnError};
 use crate::effects::TICK_MS;
 use crate::env::Env;
@@ -70,6 +71,47 @@ pub enum Verdict {
         denied: bool,
         release: Vec<Grant>,
     },
+}
+
+/// A request the fleet's limits refused: why it waits, whether it may wait at all (a call that
+/// failed under `on_error: deny` is answered at once), and the reservations to release.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub blocked: Blocked,
+    pub denied: bool,
+    pub release: Vec<Grant>,
+}
+
+impl Verdict {
+    /// The verdict carried to its end: the token budgets charged to a request that goes, or
+    /// its refusal. `fallback` takes the limits this Envoy decides itself (`on_error: local`)
+    /// from its own buckets of the same rate.
+    pub fn settle(
+        self,
+        fallback: impl FnOnce(&[usize]) -> Result<(), Blocked>,
+    ) -> Result<Vec<FleetCharge>, Refusal> {
+        match self {
+            Verdict::Admit(charges) => Ok(charges),
+            Verdict::Fallback { limits, charges } => match fallback(&limits) {
+                Ok(()) => Ok(charges),
+                Err(blocked) => Err(Refusal {
+                    blocked,
+                    denied: false,
+                    release: released(charges),
+                }),
+            },
+            Verdict::Refused {
+                limit,
+                wait_ms,
+                denied,
+                release,
+            } => Err(Refusal {
+                blocked: Blocked::Fleet { limit, wait_ms },
+                denied,
+                release,
+            }),
+        }
+    }
 }
 
 impl FleetAsk {
@@ -154,7 +196,7 @@ impl FleetAsk {
     }
 
     /// The service never answered within its timeout: every call still out failed.
-    pub fn overdue(mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
+    pub fn overdue(&mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
         let elapsed = env.now().saturating_sub(self.sent_ms);
         for at in 0..self.sent {
             if self.said[at].is_none() {
@@ -272,7 +314,7 @@ fn grants(answered: impl IntoIterator<Item = (Ask, Said)>) -> Vec<Grant> {
 }
 
 /// The reservations among `charges` (what a refused request gives back).
-pub(crate) fn released(charges: Vec<FleetCharge>) -> Vec<Grant> {
+fn released(charges: Vec<FleetCharge>) -> Vec<Grant> {
     charges
         .into_iter()
         .filter_map(|c| {

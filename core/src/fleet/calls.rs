@@ -4,7 +4,11 @@
 //! (`sent`) and what came back (`done`); an answer for a call that is not here (its stream
 //! went on or ended, or the load-time health check) is dropped here, once, for every host.
 
-use super::grpc::ServiceCall;
+use super::grpc::{ServiceCall, ServiceReply};
+use super::limits::{FleetLimits, Grant};
+use crate::config::Config;
+use crate::metrics::{Counter, Metrics};
+use crate::request::FleetCharge;
 
 /// A call the host holds, by its token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +75,36 @@ impl Calls {
         self.owed.push((pool, call));
     }
 
+    /// Owe a commit of each token budget a stream was charged, with what it used.
+    pub fn owe_commits(
+        &mut self,
+        fleet: &FleetLimits,
+        cfg: &Config,
+        pool: usize,
+        charges: &[FleetCharge],
+    ) {
+        for charge in charges {
+            let seq = self.reserve(1);
+            if let Some(call) = fleet.settle_call(cfg, charge, seq) {
+                self.owe(pool, call);
+            }
+        }
+    }
+
+    /// Owe a release (a Commit of 0) of each reservation a request will not use.
+    pub fn owe_releases(
+        &mut self,
+        fleet: &FleetLimits,
+        cfg: &Config,
+        pool: usize,
+        grants: &[Grant],
+    ) {
+        for grant in grants {
+            let seq = self.reserve(1);
+            self.owe(pool, fleet.release_call(cfg, grant, seq));
+        }
+    }
+
     pub fn owes(&self) -> bool {
         !self.owed.is_empty()
     }
@@ -98,9 +132,11 @@ impl Calls {
         self.out.push(Out { owner, token, seq });
     }
 
-    /// The host could not send the owed call `seq`: the pool it counts on.
-    pub fn not_sent(&mut self, seq: u32) -> Option<usize> {
-        self.untake(seq)
+    /// The host could not send the owed call `seq`: a failed call.
+    pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) {
+        if let Some(pool) = self.untake(seq) {
+            metrics.count(pool, Counter::FleetErrors);
+        }
     }
 
     fn untake(&mut self, seq: u32) -> Option<usize> {
@@ -108,13 +144,31 @@ impl Calls {
         Some(self.taken.swap_remove(at).1)
     }
 
-    /// The answer to `token` (sent for `stream`) came: the call, if it is still awaited.
-    pub fn done(&mut self, stream: Option<u32>, token: u64) -> Option<Out> {
+    /// The answer to `token` (sent for `stream`) came. A call owed by no stream (a commit, a
+    /// release) is only counted; for a stream's call still awaited: the stream and the seq.
+    pub fn done(
+        &mut self,
+        stream: Option<u32>,
+        token: u64,
+        reply: ServiceReply,
+        metrics: &mut dyn Metrics,
+    ) -> Option<(u32, u32)> {
         let at = self
             .out
             .iter()
             .position(|c| c.token == token && c.owner.stream() == stream)?;
-        Some(self.out.swap_remove(at))
+        let out = self.out.swap_remove(at);
+        match out.owner {
+            Owner::Stream(id) => Some((id, out.seq)),
+            Owner::Nobody { pool } => {
+                let c = match reply {
+                    ServiceReply::Message(_) => Counter::FleetCallsOk,
+                    ServiceReply::Failed(_) => Counter::FleetErrors,
+                };
+                metrics.count(pool, c);
+                None
+            }
+        }
     }
 
     /// Stream `id` ended: its calls still out are cancelled with it (Envoy cancels them), and
