@@ -9,12 +9,50 @@
 //! never borrowed while an effect runs: an effect may re-enter the host (a local answer runs
 //! the response path at once), and the re-entered callback must find the worker free.
 
-use crate::effects::{Action, Effect, Failure, Lent, Reaction};
+use crate::effects::{Action, Direction, Effect, Failure, Lent, Reaction};
 use crate::fleet::grpc::{self, ServiceCall, ServiceReply};
+use crate::reply::LocalReply;
+use crate::request::STEERING_HEADER;
 use crate::worker::Worker;
+
+/// What a host can do to one stream: the primitives every effect is made of. Each says
+/// whether it was done.
+pub trait StreamOps {
+    /// Set (`Some`) or remove a request header; the route is chosen again by the new headers.
+    fn request_header(&self, name: &str, value: Option<&str>) -> bool;
+    fn response_header(&self, name: &str, value: &str) -> bool;
+    /// A filter-state field the access log reads (`%FILTER_STATE(wasm.<key>:PLAIN)%`).
+    fn filter_state(&self, key: &str, value: &str) -> bool;
+    /// Drop the first `n` bytes of the request body Envoy buffers.
+    fn drop_request_body(&self, n: usize) -> bool;
+    fn send_reply(&self, reply: &LocalReply) -> bool;
+    fn resume(&self, direction: Direction) -> bool;
+}
+
+/// One effect as a stream's primitives (`CallService` is the host's `send`).
+pub fn apply_effect(ops: &impl StreamOps, effect: Effect) -> bool {
+    // Every write is made, the failure of one reported.
+    let every = |done: &mut dyn Iterator<Item = bool>| done.fold(true, |all, ok| ok & all);
+    match effect {
+        Effect::StripSteeringHeader => ops.request_header(STEERING_HEADER, None),
+        Effect::Steer(pool) => ops.request_header(STEERING_HEADER, Some(&pool)),
+        Effect::SetResponseHeaders(hs) => {
+            every(&mut hs.iter().map(|(n, v)| ops.response_header(n, v)))
+        }
+        Effect::AccessLog(fields) => every(&mut fields.iter().map(|(k, v)| ops.filter_state(k, v))),
+        Effect::DropRequestBody(n) => ops.drop_request_body(n),
+        Effect::SendReply(r) => ops.send_reply(&r),
+        Effect::ResumeRequest => ops.resume(Direction::Request),
+        Effect::ResumeResponse => ops.resume(Direction::Response),
+        Effect::CallService(_) => false,
+    }
+}
 
 /// What a host provides: the mechanism, never the decision.
 pub trait Host {
+    /// A stream effects apply to.
+    type Stream: StreamOps;
+
     /// Run `f` on the worker, with what the host lends a call; `current` is the stream whose
     /// callback runs (None outside any). None when the worker is busy (a callback re-entered)
     /// or unusable: the caller then goes on, ungoverned.
@@ -24,17 +62,17 @@ pub trait Host {
         f: impl FnOnce(&mut Worker, &mut Lent) -> T,
     ) -> Option<T>;
 
-    /// Make stream `id` the one effects apply to, outside its own callbacks; false when it is
-    /// gone.
-    fn focus(&self, id: u32) -> bool;
+    /// Stream `id` in its own callback.
+    fn current(&self, id: u32) -> Self::Stream;
 
-    /// Apply `effect` (never `CallService`) to stream `id`; false when the host could not.
-    fn apply(&self, id: u32, effect: Effect) -> bool;
+    /// Stream `id` outside its own callbacks (a tick, an answer of the service), addressed
+    /// again; None when it is gone.
+    fn stream(&self, id: u32) -> Option<Self::Stream>;
 
     /// Send `call` to the fleet's service for `stream` (None: owed by no stream, sent so that
     /// it outlives every stream): the host's token for its answer, or None when it could not
     /// be sent.
-    fn send(&self, stream: Option<u32>, call: &ServiceCall) -> Option<u64>;
+    fn send(&self, stream: Option<&Self::Stream>, call: &ServiceCall) -> Option<u64>;
 
     /// Stream `id`'s callback left it paused: a host that addresses paused streams from
     /// outside their callbacks keeps it.
@@ -50,7 +88,7 @@ pub fn callback<H: Host>(
     let Some(reaction) = host.with_worker(Some(id), |w, lent| f(w, id, lent)) else {
         return Action::Continue;
     };
-    let action = apply(host, id, reaction);
+    let action = apply(host, id, &host.current(id), reaction);
     if action == Action::Pause {
         host.paused(id);
     }
@@ -60,15 +98,15 @@ pub fn callback<H: Host>(
 /// Apply a reaction's effects to stream `id` in order. The first that fails is reported to the
 /// worker, whose answer replaces the rest and is applied without further reports (a worker
 /// that cannot answer: go on, ungoverned).
-pub fn apply<H: Host>(host: &H, id: u32, reaction: Reaction) -> Action {
+pub fn apply<H: Host>(host: &H, id: u32, stream: &H::Stream, reaction: Reaction) -> Action {
     let mut effects = reaction.effects.into_iter();
-    let Some(failure) = effects.find_map(|e| effect(host, id, e)) else {
+    let Some(failure) = effects.find_map(|e| effect(host, id, stream, e)) else {
         return reaction.action;
     };
     let instead = host.with_worker(Some(id), |w, lent| w.failed(id, failure, lent));
     let instead = instead.unwrap_or_else(Reaction::go_on);
     for e in instead.effects {
-        effect(host, id, e);
+        effect(host, id, stream, e);
     }
     instead.action
 }
@@ -77,12 +115,12 @@ pub fn apply<H: Host>(host: &H, id: u32, reaction: Reaction) -> Action {
 /// A stream the host can no longer address is gone: it ends now. `Continue` (only a failed
 /// answer says so from outside a callback) lets the request go on.
 pub fn apply_later<H: Host>(host: &H, id: u32, reaction: Reaction) {
-    if !host.focus(id) {
+    let Some(stream) = host.stream(id) else {
         host.with_worker(None, |w, lent| w.on_end(id, lent));
         return;
-    }
-    if apply(host, id, reaction) == Action::Continue {
-        effect(host, id, Effect::ResumeRequest);
+    };
+    if apply(host, id, &stream, reaction) == Action::Continue {
+        effect(host, id, &stream, Effect::ResumeRequest);
     }
 }
 
@@ -124,10 +162,10 @@ pub fn send_owed<H: Host>(host: &H) {
 }
 
 /// One effect on stream `id`; the failure the worker must hear of, if it failed.
-fn effect<H: Host>(host: &H, id: u32, effect: Effect) -> Option<Failure> {
+fn effect<H: Host>(host: &H, id: u32, stream: &H::Stream, effect: Effect) -> Option<Failure> {
     let failure = effect.failure();
     if let Effect::CallService(call) = &effect {
-        let Some(token) = host.send(Some(id), call) else {
+        let Some(token) = host.send(Some(stream), call) else {
             log_not_sent();
             return failure;
         };
@@ -135,7 +173,7 @@ fn effect<H: Host>(host: &H, id: u32, effect: Effect) -> Option<Failure> {
         return None;
     }
     let what = effect.what();
-    if host.apply(id, effect) {
+    if apply_effect(stream, effect) {
         return None;
     }
     log::warn!("llm_governor: {what} failed");
@@ -149,16 +187,19 @@ fn log_not_sent() {
     );
 }
 
-/// At load, with fleet limits: whether Envoy has `fleet.cluster`. `exists` asks Envoy (a gRPC
-/// health check on the cluster, `grpc::HEALTH_*`, whose answer is never read: Envoy refuses
-/// a call to a cluster it lacks at once). The message to refuse the configuration with when
-/// it does not, so a wrong name is refused at load rather than failing every request.
-pub fn check_cluster(
-    cfg: &crate::config::Config,
-    exists: impl FnOnce(&str) -> bool,
-) -> Result<(), String> {
-    match &cfg.fleet {
-        Some(f) if !exists(&f.cluster) => Err(grpc::no_such_cluster(&f.cluster)),
-        _ => Ok(()),
+/// A configuration as a host loads it (JSON, its ids keyed with `key`): the governor, or the
+/// message to log ("invalid configuration: <field>: <reason>"). With fleet limits, Envoy must
+/// have `fleet.cluster`: `cluster_exists` asks it (a gRPC health check on the cluster,
+/// `grpc::HEALTH_*`, whose answer is never read: Envoy refuses a call to a cluster it lacks
+/// at once), so a wrong name is refused at load rather than failing every request.
+pub fn load(
+    json: &[u8],
+    key: crate::keys::HashKey,
+    cluster_exists: impl FnOnce(&str) -> bool,
+) -> Result<crate::policy::Governor, String> {
+    let gov = crate::policy::Governor::load(json, key)?;
+    match &gov.cfg.fleet {
+        Some(f) if !cluster_exists(&f.cluster) => Err(grpc::no_such_cluster(&f.cluster)),
+        _ => Ok(gov),
     }
 }

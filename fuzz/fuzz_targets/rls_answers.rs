@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_governor_core::fleet::{grpc, ServiceReply};
-use llm_governor_core::rls;
+use llm_governor_core::fleet::grpc::{self, ServiceReply};
+use llm_governor_core::fleet::rls;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(a) = rls::decode_response(data) {

@@ -7,13 +7,13 @@ mod abi;
 mod adapters;
 
 use adapters::{HostLogger, HostStats, HostStore};
-use llm_governor_core::effects::{from_upstream, Direction, Effect, Lent, StreamIo, TICK_MS};
+use llm_governor_core::effects::{from_upstream, Direction, Lent, StreamIo, TICK_MS};
 use llm_governor_core::fleet::grpc::{self, ServiceCall};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::metrics::{Catalogue, Sink};
-use llm_governor_core::policy::Governor;
-use llm_governor_core::protocol::{self, Host};
-use llm_governor_core::request::{RequestView, STEERING_HEADER};
+use llm_governor_core::protocol::{self, Host, StreamOps};
+use llm_governor_core::reply::LocalReply;
+use llm_governor_core::request::RequestView;
 use llm_governor_core::worker::{self, Worker};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
@@ -39,6 +39,8 @@ struct Vm {
 }
 
 impl Host for Vm {
+    type Stream = Effective;
+
     fn with_worker<T>(
         &self,
         current: Option<u32>,
@@ -57,38 +59,19 @@ impl Host for Vm {
         Some(f(&mut worker, &mut lent))
     }
 
-    /// The effective context is reset per VM call: set for every stream addressed.
-    fn focus(&self, id: u32) -> bool {
-        abi::set_effective_context(id).is_ok()
+    fn current(&self, _id: u32) -> Effective {
+        Effective
     }
 
-    /// One effect as hostcalls on the effective context (a failed one is logged by the core).
-    fn apply(&self, _id: u32, effect: Effect) -> bool {
-        let (req, resp) = (MapType::HttpRequestHeaders, MapType::HttpResponseHeaders);
-        let done = match effect {
-            Effect::StripSteeringHeader => abi::remove_header(req, STEERING_HEADER),
-            Effect::Steer(pool) => abi::replace_header(req, STEERING_HEADER, &pool),
-            Effect::SetResponseHeaders(hs) => {
-                every(hs.iter().map(|(n, v)| abi::replace_header(resp, n, v)))
-            }
-            Effect::AccessLog(f) => {
-                every(f.iter().map(|(k, v)| abi::set_property(&[k], v.as_bytes())))
-            }
-            Effect::DropRequestBody(n) => abi::set_buffer(BufferType::HttpRequestBody, 0, n, &[]),
-            Effect::SendReply(r) => {
-                abi::send_local_response(r.status, r.details, &r.headers, &r.body)
-            }
-            Effect::ResumeRequest => abi::resume_request(),
-            Effect::ResumeResponse => abi::resume_response(),
-            Effect::CallService(_) => return false, // `send`'s
-        };
-        done.is_ok()
+    /// The effective context is reset per VM call: set for every stream addressed.
+    fn stream(&self, id: u32) -> Option<Effective> {
+        abi::set_effective_context(id).ok().map(|()| Effective)
     }
 
     /// A stream's call is sent on its context (Envoy cancels it with the stream); an owed one
     /// from the root's, which outlives every stream.
-    fn send(&self, stream: Option<u32>, call: &ServiceCall) -> Option<u64> {
-        if stream.is_none() && !self.focus(self.root) {
+    fn send(&self, stream: Option<&Effective>, call: &ServiceCall) -> Option<u64> {
+        if stream.is_none() && abi::set_effective_context(self.root).is_err() {
             return None;
         }
         let (service, method) = (call.method.service(), call.method.name());
@@ -100,6 +83,42 @@ impl Host for Vm {
             call.timeout_ms,
         );
         token.map(u64::from).ok()
+    }
+}
+
+/// The stream of the effective context, as hostcalls.
+struct Effective;
+
+impl StreamOps for Effective {
+    fn request_header(&self, name: &str, value: Option<&str>) -> bool {
+        let map = MapType::HttpRequestHeaders;
+        match value {
+            Some(v) => abi::replace_header(map, name, v).is_ok(),
+            None => abi::remove_header(map, name).is_ok(),
+        }
+    }
+
+    fn response_header(&self, name: &str, value: &str) -> bool {
+        abi::replace_header(MapType::HttpResponseHeaders, name, value).is_ok()
+    }
+
+    fn filter_state(&self, key: &str, value: &str) -> bool {
+        abi::set_property(&[key], value.as_bytes()).is_ok()
+    }
+
+    fn drop_request_body(&self, n: usize) -> bool {
+        abi::set_buffer(BufferType::HttpRequestBody, 0, n, &[]).is_ok()
+    }
+
+    fn send_reply(&self, r: &LocalReply) -> bool {
+        abi::send_local_response(r.status, r.details, &r.headers, &r.body).is_ok()
+    }
+
+    fn resume(&self, direction: Direction) -> bool {
+        match direction {
+            Direction::Request => abi::resume_request().is_ok(),
+            Direction::Response => abi::resume_response().is_ok(),
+        }
     }
 }
 
@@ -135,11 +154,6 @@ impl Vm {
         protocol::call_done(self, stream, u64::from(token), reply);
         self.tick_as_needed();
     }
-}
-
-/// Every call made (none stops the rest), the last failure kept.
-fn every(calls: impl Iterator<Item = abi::HostResult<()>>) -> abi::HostResult<()> {
-    calls.filter_map(Result::err).last().map_or(Ok(()), Err)
 }
 
 /// Stream buffers and properties, read on the effective context: the current stream's in a
@@ -192,17 +206,13 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let exists = |cluster: &str| {
+            let (service, method) = (grpc::HEALTH_SERVICE, grpc::HEALTH_METHOD);
+            abi::grpc_call(cluster, service, method, &[], grpc::HEALTH_CHECK_TIMEOUT_MS).is_ok()
+        };
         let loaded = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
             .map_err(|e| format!("could not read the plugin configuration: {e:?}"))
-            .and_then(|json| Governor::load(&json, adapters::hash_key()))
-            .and_then(|gov| {
-                protocol::check_cluster(&gov.cfg, |cluster| {
-                    let (service, method) = (grpc::HEALTH_SERVICE, grpc::HEALTH_METHOD);
-                    let timeout = grpc::HEALTH_CHECK_TIMEOUT_MS;
-                    abi::grpc_call(cluster, service, method, &[], timeout).is_ok()
-                })
-                .map(|()| gov)
-            });
+            .and_then(|json| protocol::load(&json, adapters::hash_key(), exists));
         let gov = match loaded {
             Ok(gov) => gov,
             Err(e) => {
@@ -250,11 +260,6 @@ impl Filter {
         protocol::end(&*self.vm, self.id);
         self.vm.tick_as_needed();
     }
-
-    fn reads(&self, direction: Direction) -> bool {
-        let w = self.vm.worker.try_borrow();
-        w.is_ok_and(|w| w.reads_body(self.id, direction))
-    }
 }
 
 impl Context for Filter {
@@ -279,9 +284,6 @@ impl HttpContext for Filter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.reads(Direction::Request) {
-            return Action::Continue;
-        }
         self.vm.callback(self.id, |w, id, lent| {
             w.on_request_body(id, body_size, end_of_stream, lent)
         })
@@ -305,9 +307,6 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.reads(Direction::Response) {
-            return Action::Continue;
-        }
         self.vm.callback(self.id, |w, id, lent| {
             w.on_response_body(id, body_size, end_of_stream, lent)
         })

@@ -12,6 +12,9 @@
 //!   freed exactly once, in the destroy hook Envoy calls once for each.
 
 use super::{Filter, Module};
+use llm_governor_core::effects::Direction;
+use llm_governor_core::protocol::StreamOps;
+use llm_governor_core::reply::LocalReply;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{null, null_mut, NonNull};
@@ -501,6 +504,45 @@ impl Stream {
     }
 }
 
+/// A stream's primitives as callbacks on it.
+impl StreamOps for Stream {
+    fn request_header(&self, name: &str, value: Option<&str>) -> bool {
+        let done = self.set_header(Map::Request, name, value);
+        // Envoy picked the route before the filters ran: again, by the new headers.
+        self.clear_route_cache();
+        done
+    }
+
+    fn response_header(&self, name: &str, value: &str) -> bool {
+        self.set_header(Map::Response, name, Some(value))
+    }
+
+    /// The key the wasm module's field has (Envoy prefixes a wasm filter's with `wasm.`), so
+    /// one access-log format serves both modules.
+    fn filter_state(&self, key: &str, value: &str) -> bool {
+        self.set_filter_state(&format!("wasm.{key}"), value)
+    }
+
+    /// What Envoy kept so far and the chunk of this hook, if any.
+    fn drop_request_body(&self, n: usize) -> bool {
+        let kept = self.drain(Body::BufferedRequest, n);
+        self.drain(Body::ReceivedRequest, n) | kept
+    }
+
+    fn send_reply(&self, r: &LocalReply) -> bool {
+        self.send_response(r.status, &r.headers, &r.body, r.details);
+        true
+    }
+
+    fn resume(&self, direction: Direction) -> bool {
+        match direction {
+            Direction::Request => self.continue_decoding(),
+            Direction::Response => self.continue_encoding(),
+        }
+        true
+    }
+}
+
 /// A scheduler of one stream: `commit` posts an event to the stream's worker, from any thread,
 /// and is a no-op once the stream is gone. Deleted when dropped.
 #[derive(Debug)]
@@ -946,7 +988,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
         let (Some(raw), Some(module)) = (NonNull::new(cfg), unsafe { module(m) }) else {
             return;
         };
-        module.send_owed(&MainThread { raw });
+        super::fleet::send_owed(module, &MainThread { raw });
     })
 }
 
@@ -969,7 +1011,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
             return;
         };
         let answer = unsafe { Answer::read(result, headers, n, chunks, chunks_n) };
-        module.owed_done(&MainThread { raw }, id, &answer);
+        super::fleet::owed_done(module, &MainThread { raw }, id, &answer);
     })
 }
 

@@ -17,19 +17,18 @@
 
 mod abi;
 mod adapters;
+mod fleet;
 mod timer;
 
-use abi::{
-    Answer, Body, Callout, ConfigHandle, ConfigScheduler, MainThread, Map, Scheduler, Stream,
-};
+use abi::{Answer, Body, Callout, ConfigHandle, ConfigScheduler, Map, Scheduler, Stream};
 use adapters::{Discard, Io, Stats};
-use llm_governor_core::effects::{Action, Direction, Effect, Lent, NoBodies, Reaction};
-use llm_governor_core::fleet::grpc::{self, ServiceCall, ServiceReply};
+use fleet::{reply, Fleet};
+use llm_governor_core::effects::{Action, Direction, Lent, NoBodies, Reaction};
+use llm_governor_core::fleet::grpc::{self, ServiceCall};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::keys::HashKey;
-use llm_governor_core::policy::Governor;
 use llm_governor_core::protocol::{self, Host};
-use llm_governor_core::request::{RequestView, STEERING_HEADER};
+use llm_governor_core::request::RequestView;
 use llm_governor_core::worker::Worker;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -49,15 +48,6 @@ pub struct Module {
     fleet: Option<Fleet>,
 }
 
-/// The way to the fleet's rate-limit service.
-struct Fleet {
-    cluster: String,
-    /// Runs `send_owed` on the main thread.
-    scheduler: ConfigScheduler,
-    /// The worker slot of each call the main thread sent, by callout id.
-    out: Mutex<HashMap<u64, usize>>,
-}
-
 /// One Envoy worker's core `Worker` and the streams it may address from a tick.
 struct Slot {
     state: Mutex<SlotState>,
@@ -72,20 +62,19 @@ struct SlotState {
 
 fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Module>> {
     let key = HashKey::for_host(adapters::store(), adapters::seed);
-    let gov = Governor::load(json, key).and_then(|gov| {
-        // Envoy refuses a callout to a cluster it lacks at once.
-        protocol::check_cluster(&gov.cfg, |cluster| {
-            let probe = grpc::request_headers(&grpc::health_path(), cluster);
-            let call = Callout {
-                cluster,
-                headers: &probe,
-                body: &grpc::frame(&[]),
-                timeout_ms: grpc::HEALTH_CHECK_TIMEOUT_MS,
-            };
-            cfg.main().callout(&call) != Err(abi::CALLOUT_NO_SUCH_CLUSTER)
-        })
-        .map(|()| Arc::new(gov))
-    });
+    let exists = |cluster: &str| {
+        let probe = grpc::request_headers(&grpc::health_path(), cluster);
+        let body = grpc::frame(&[]);
+        let timeout_ms = grpc::HEALTH_CHECK_TIMEOUT_MS;
+        let call = Callout {
+            cluster,
+            headers: &probe,
+            body: &body,
+            timeout_ms,
+        };
+        cfg.main().callout(&call) != Err(abi::CALLOUT_NO_SUCH_CLUSTER)
+    };
+    let gov = protocol::load(json, key, exists).map(Arc::new);
     let gov = gov.inspect_err(|e| log::error!("llm_governor: {e}")).ok()?;
     let fleet = match &gov.cfg.fleet {
         None => None,
@@ -238,7 +227,6 @@ impl Filter {
         On {
             filter: self,
             current: s,
-            target: Cell::new(s),
         }
     }
 
@@ -292,25 +280,15 @@ impl Drop for Filter {
     }
 }
 
-/// A stream's hooks as the core's `Host`: the worker of its slot, the current stream's handle,
-/// and the paused stream a tick addresses (`target`).
+/// A stream's hooks as the core's `Host`: the worker of its slot and the current stream.
 struct On<'a> {
     filter: &'a Filter,
     current: Stream,
-    target: Cell<Stream>,
-}
-
-impl On<'_> {
-    fn handle(&self, id: u32) -> Stream {
-        if id == self.filter.id {
-            self.current
-        } else {
-            self.target.get()
-        }
-    }
 }
 
 impl Host for On<'_> {
+    type Stream = Stream;
+
     fn with_worker<T>(
         &self,
         _: Option<u32>,
@@ -332,23 +310,23 @@ impl Host for On<'_> {
         Some(f(worker, &mut lent))
     }
 
-    fn focus(&self, id: u32) -> bool {
-        if id == self.filter.id {
-            return true;
-        }
-        let state = self.filter.slot().state.lock();
-        let found = state.ok().and_then(|st| st.paused.get(&id).copied());
-        found.map(|t| self.target.set(t)).is_some()
+    fn current(&self, _: u32) -> Stream {
+        self.current
     }
 
-    fn apply(&self, id: u32, effect: Effect) -> bool {
-        effect_call(self.handle(id), effect)
+    /// The current stream, or a paused one (the only ones a tick addresses).
+    fn stream(&self, id: u32) -> Option<Stream> {
+        if id == self.filter.id {
+            return Some(self.current);
+        }
+        let state = self.filter.slot().state.lock();
+        state.ok().and_then(|st| st.paused.get(&id).copied())
     }
 
     /// A stream's call goes out on its filter (Envoy cancels it with the stream); a call owed
     /// by no stream only from the main thread (`Main`).
-    fn send(&self, stream: Option<u32>, call: &ServiceCall) -> Option<u64> {
-        let t = self.handle(stream?);
+    fn send(&self, stream: Option<&Stream>, call: &ServiceCall) -> Option<u64> {
+        let t = *stream?;
         self.filter
             .module
             .fleet
@@ -368,162 +346,5 @@ impl Host for On<'_> {
         if let Some(scheduler) = Scheduler::new(self.current) {
             f.module.timer.add_waker(f.slot, id, scheduler);
         }
-    }
-}
-
-/// The main thread as the core's `Host` of worker `slot`: it sends that worker's owed calls and
-/// hears their answers. It addresses no stream.
-struct Main<'a> {
-    module: &'a Module,
-    slot: usize,
-    main: &'a MainThread,
-}
-
-impl Host for Main<'_> {
-    fn with_worker<T>(
-        &self,
-        _: Option<u32>,
-        f: impl FnOnce(&mut Worker, &mut Lent) -> T,
-    ) -> Option<T> {
-        let mut state = self.module.slots.get(self.slot)?.state.lock().ok()?;
-        let mut lent = Lent {
-            store: adapters::store(),
-            metrics: &mut self.module.stats.on_main(self.main),
-            clock: &adapters::now_ms,
-            io: &mut NoBodies,
-        };
-        Some(f(&mut state.worker, &mut lent))
-    }
-
-    fn focus(&self, _: u32) -> bool {
-        false
-    }
-
-    fn apply(&self, _: u32, _: Effect) -> bool {
-        false
-    }
-
-    fn send(&self, stream: Option<u32>, call: &ServiceCall) -> Option<u64> {
-        let fleet = self.module.fleet.as_ref().filter(|_| stream.is_none())?;
-        let callout = fleet.send(call, |c| self.main.callout(c))?;
-        if let Ok(mut out) = fleet.out.lock() {
-            out.insert(callout, self.slot);
-        }
-        Some(callout)
-    }
-}
-
-impl Fleet {
-    /// `call` as gRPC in an HTTP callout made by `via` (a stream's filter, or the
-    /// configuration for a call no stream owns); its callout id, or None (logged) when Envoy
-    /// refuses to start it.
-    fn send(
-        &self,
-        call: &ServiceCall,
-        via: impl FnOnce(&Callout) -> Result<u64, u32>,
-    ) -> Option<u64> {
-        let headers = grpc::request_headers(&grpc::path(call.method), &self.cluster);
-        let body = grpc::frame(&call.message);
-        let sent = via(&Callout {
-            cluster: &self.cluster,
-            headers: &headers,
-            body: &body,
-            timeout_ms: call.timeout_ms,
-        });
-        sent.inspect_err(|why| {
-            let why = abi::callout_refusal(*why);
-            log::warn!(
-                "llm_governor: Envoy refused a callout to {} ({why})",
-                self.cluster
-            );
-        })
-        .ok()
-    }
-}
-
-impl Module {
-    /// On the main thread: send every worker's owed calls.
-    fn send_owed(&self, main: &MainThread) {
-        for slot in 0..self.slots.len() {
-            protocol::send_owed(&Main {
-                module: self,
-                slot,
-                main,
-            });
-        }
-    }
-
-    /// On the main thread: an owed call came back.
-    fn owed_done(&self, main: &MainThread, callout: u64, answer: &Answer) {
-        let out = self.fleet.as_ref().and_then(|f| f.out.lock().ok());
-        let Some(slot) = out.and_then(|mut out| out.remove(&callout)) else {
-            return;
-        };
-        protocol::call_done(
-            &Main {
-                module: self,
-                slot,
-                main,
-            },
-            None,
-            callout,
-            reply(answer),
-        );
-    }
-}
-
-/// What the service's answer means to the core.
-fn reply(answer: &Answer) -> ServiceReply<'_> {
-    if !answer.answered {
-        return ServiceReply::Failed(grpc::UNAVAILABLE); // reset or timed out
-    }
-    grpc::reply(
-        answer.status.as_deref(),
-        answer.grpc_status.as_deref(),
-        &answer.body,
-    )
-}
-
-/// One effect as callbacks on stream `t`; false when a callback failed.
-fn effect_call(t: Stream, effect: Effect) -> bool {
-    match effect {
-        Effect::StripSteeringHeader => {
-            let removed = t.set_header(Map::Request, STEERING_HEADER, None);
-            // Envoy picked the route before the filters ran, maybe by that header: again.
-            t.clear_route_cache();
-            removed
-        }
-        Effect::Steer(pool) => {
-            let set = t.set_header(Map::Request, STEERING_HEADER, Some(&pool));
-            // The router picks the route again, now by the pool's header.
-            t.clear_route_cache();
-            set
-        }
-        Effect::SetResponseHeaders(hs) => hs.iter().fold(true, |ok, (n, v)| {
-            t.set_header(Map::Response, n, Some(v)) & ok
-        }),
-        // The keys the wasm module's fields have (Envoy prefixes a wasm filter's with `wasm.`),
-        // so one access-log format serves both modules.
-        Effect::AccessLog(fields) => fields.iter().fold(true, |ok, (k, v)| {
-            t.set_filter_state(&format!("wasm.{k}"), v) & ok
-        }),
-        Effect::DropRequestBody(n) => {
-            // What Envoy kept so far and the chunk of this hook, if any.
-            let kept = t.drain(Body::BufferedRequest, n);
-            t.drain(Body::ReceivedRequest, n) | kept
-        }
-        Effect::SendReply(r) => {
-            t.send_response(r.status, &r.headers, &r.body, r.details);
-            true
-        }
-        Effect::ResumeRequest => {
-            t.continue_decoding();
-            true
-        }
-        Effect::ResumeResponse => {
-            t.continue_encoding();
-            true
-        }
-        Effect::CallService(_) => false, // `On::send`'s
     }
 }
