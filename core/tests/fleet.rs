@@ -39,35 +39,6 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// A length-delimited protobuf field.
-fn field(n: u8, bytes: &[u8]) -> Vec<u8> {
-    let mut out = vec![n << 3 | 2, bytes.len() as u8];
-    out.extend_from_slice(bytes);
-    out
-}
-
-/// `RateLimitResponse{overall_code}`, with Limitador's draft-03 reset header when given.
-fn rls_answer(code: u8, reset_s: Option<u64>) -> Vec<u8> {
-    let mut out = vec![0x08, code];
-    if let Some(s) = reset_s {
-        let header = [
-            field(1, b"X-RateLimit-Reset"),
-            field(2, s.to_string().as_bytes()),
-        ]
-        .concat();
-        out.extend(field(3, &header));
-    }
-    out
-}
-
-fn reserve_answer(code: u8, id: &str) -> Vec<u8> {
-    let mut out = vec![0x08, code];
-    if !id.is_empty() {
-        out.extend(field(2, id.as_bytes()));
-    }
-    out
-}
-
 /// Send request headers (no body) for stream `id`; the reaction.
 fn headers(h: &mut Host, id: u32, hs: &[(&str, &str)]) -> Reaction {
     let owned: Vec<(String, Vec<u8>)> = hs

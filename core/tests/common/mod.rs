@@ -449,3 +449,34 @@ pub fn go(step: Step) -> Flow {
         other => panic!("expected to go, got {other:?}"),
     }
 }
+
+// The rate-limit service's answers, as bytes (protobuf by hand).
+
+/// A length-delimited protobuf field.
+pub fn field(n: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![n << 3 | 2, bytes.len() as u8];
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// `RateLimitResponse{overall_code}`, with Limitador's draft-03 reset header when given.
+pub fn rls_answer(code: u8, reset_s: Option<u64>) -> Vec<u8> {
+    let mut out = vec![0x08, code];
+    if let Some(s) = reset_s {
+        let header = [
+            field(1, b"X-RateLimit-Reset"),
+            field(2, s.to_string().as_bytes()),
+        ]
+        .concat();
+        out.extend(field(3, &header));
+    }
+    out
+}
+
+pub fn reserve_answer(code: u8, id: &str) -> Vec<u8> {
+    let mut out = vec![0x08, code];
+    if !id.is_empty() {
+        out.extend(field(2, id.as_bytes()));
+    }
+    out
+}

@@ -1,0 +1,256 @@
+//! What the fleet's answers mean for one request's admission (`fleet::ask`), one row per
+//! (answers, `on_error`) → verdict: the calls of each stage, a refusal's wait, what the
+//! fallback decides, and which reservations a refused request releases.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use llm_governor_core::effects::TICK_MS;
+use llm_governor_core::fleet::ask::{FleetAsk, Progress, Verdict};
+use llm_governor_core::fleet::grpc::{Method, ServiceReply, NOT_SENT};
+use llm_governor_core::fleet::limits::Grant;
+use llm_governor_core::headers::owned;
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::Clock;
+use llm_governor_core::request::FleetCharge;
+
+/// A reserving token budget (limit 0) and a request limit (limit 1), both the fleet's.
+fn config(on_error: &str) -> String {
+    format!(
+        r#"{{"fleet": {{"cluster": "rls", "timeout_ms": 50, "on_error": "{on_error}"}},
+  "pools": [{{"name": "openai", "match": {{"path_prefix": "/v1/chat"}}, "dialect": "openai"}}],
+  "limits": [
+    {{"name": "tpm", "key": "header:x-tenant-id", "tokens_per_minute": 100000, "scope": "fleet"}},
+    {{"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 10, "scope": "fleet"}}]}}"#
+    )
+}
+
+/// The request limit alone.
+fn rpm_only(on_error: &str) -> String {
+    format!(
+        r#"{{"fleet": {{"cluster": "rls", "timeout_ms": 50, "on_error": "{on_error}"}},
+  "limits": [{{"name": "rpm", "key": "header:x-tenant-id", "requests_per_minute": 10, "scope": "fleet"}}]}}"#
+    )
+}
+
+const BODY: &str =
+    r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hello"}]}"#;
+
+/// What the service does with one call.
+#[derive(Clone, Copy)]
+enum Says {
+    Ok,
+    /// OK with this reservation id.
+    Reserved(&'static str),
+    /// OVER_LIMIT, with a reset in seconds.
+    Over(Option<u64>),
+    /// The call failed (gRPC status).
+    Fails(u32),
+    /// A message that is no answer at all.
+    Garbage,
+    /// No answer before the deadline.
+    Silent,
+}
+
+/// Ask for a request of tenant `acme` under `cfg`, the service answering each call in order as
+/// `says` does; the methods of each stage's calls and the verdict.
+fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
+    let mut host = Host::new(cfg);
+    let hs = owned(&[("x-tenant-id", "acme")]);
+    let gov = host.worker.governor();
+    let fleet = gov.fleet().expect("fleet limits").clone();
+    let mut flow = gov.pools().flow_for(&view("/v1/chat/completions", &hs), 0);
+    gov.pools()
+        .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
+    let cfg = gov.cfg.clone();
+    let (mut ask, first) = FleetAsk::start(&fleet, &cfg, &flow, 100, T0);
+    let mut stages = vec![first.iter().map(|c| c.method).collect::<Vec<_>>()];
+    let mut pending: Vec<_> = first;
+    let mut says = says.iter();
+    loop {
+        let Some(call) = pending.first().cloned() else {
+            break;
+        };
+        pending.remove(0);
+        let said = *says.next().expect("an answer for every call");
+        let bytes = match said {
+            Says::Ok => rls_answer(1, None),
+            Says::Reserved(id) => reserve_answer(1, id),
+            Says::Over(reset) if call.method == Method::Reserve => {
+                let _ = reset;
+                reserve_answer(2, "")
+            }
+            Says::Over(reset) => rls_answer(2, reset),
+            Says::Garbage => vec![0xff, 0xff, 0xff],
+            Says::Fails(_) | Says::Silent => Vec::new(),
+        };
+        let reply = match said {
+            Says::Fails(code) => ServiceReply::Failed(code),
+            _ => ServiceReply::Message(&bytes),
+        };
+        host.advance(3);
+        let now = host.now_ms;
+        let (_, mut env) = host.parts_with(Clock::At(now));
+        if let Says::Silent = said {
+            host.advance(50 + llm_governor_core::fleet::ask::ANSWER_SLACK_MS);
+            let now = host.now_ms;
+            let (_, mut env) = host.parts_with(Clock::At(now));
+            let verdict = ask.overdue(&fleet, &cfg, &mut env);
+            return (stages, verdict, host);
+        }
+        match ask.answer(&fleet, &cfg, call.seq, reply, &mut env) {
+            Progress::Waiting => {}
+            Progress::Send(calls) => {
+                stages.push(calls.iter().map(|c| c.method).collect());
+                pending.extend(calls);
+            }
+            Progress::Done(verdict) => return (stages, verdict, host),
+        }
+    }
+    panic!("no verdict after every call was answered");
+}
+
+fn charge(reservation: Option<&str>) -> FleetCharge {
+    FleetCharge {
+        limit: 0,
+        key: "acme".into(),
+        amount: 0, // compared without the amount: see `charges`
+        reservation: reservation.map(str::to_string),
+        settled: None,
+    }
+}
+
+/// A verdict with its charges' amounts zeroed (the estimate's size is not what a row tests).
+fn shape(v: Verdict) -> Verdict {
+    match v {
+        Verdict::Admit(cs) => Verdict::Admit(
+            cs.into_iter()
+                .map(|c| FleetCharge { amount: 0, ..c })
+                .collect(),
+        ),
+        Verdict::Fallback { limits, charges } => Verdict::Fallback {
+            limits,
+            charges: charges
+                .into_iter()
+                .map(|c| FleetCharge { amount: 0, ..c })
+                .collect(),
+        },
+        v => v,
+    }
+}
+
+fn release(id: &str) -> Grant {
+    Grant {
+        limit: 0,
+        key: "acme".into(),
+        reservation: id.into(),
+    }
+}
+
+use Method::{Reserve, ShouldRateLimit as Srl};
+
+#[test]
+fn every_combination_of_answers_and_on_error_has_one_verdict() {
+    let refused = |limit, wait_ms, denied, release: Vec<Grant>| Verdict::Refused {
+        limit,
+        wait_ms,
+        denied,
+        release,
+    };
+    #[rustfmt::skip]
+    let rows: Vec<(&str, String, Vec<Says>, Vec<Vec<Method>>, Verdict)> = vec![
+        ("one limit admits",
+         rpm_only("local"), vec![Says::Ok], vec![vec![Srl]], Verdict::Admit(vec![])),
+        ("one limit refuses: its reset is the wait",
+         rpm_only("local"), vec![Says::Over(Some(3))], vec![vec![Srl]], refused(0, 3000, false, vec![])),
+        ("a refusal with no reset waits the default",
+         rpm_only("local"), vec![Says::Over(None)], vec![vec![Srl]], refused(0, 1000, false, vec![])),
+        ("a failed call under local: this Envoy's bucket decides",
+         rpm_only("local"), vec![Says::Fails(14)], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+        ("a failed call under allow: it goes",
+         rpm_only("allow"), vec![Says::Fails(14)], vec![vec![Srl]], Verdict::Admit(vec![])),
+        ("a failed call under deny: refused at once, the default wait",
+         rpm_only("deny"), vec![Says::Fails(14)], vec![vec![Srl]], refused(0, 1000, true, vec![])),
+        ("an unreadable answer is a failed call",
+         rpm_only("deny"), vec![Says::Garbage], vec![vec![Srl]], refused(0, 1000, true, vec![])),
+        ("a call that could not be sent is a failed call",
+         rpm_only("local"), vec![Says::Fails(NOT_SENT)], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+        ("no answer before the deadline is a failed call",
+         rpm_only("local"), vec![Says::Silent], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+        ("the reservation first, then the rest: both admit",
+         config("local"), vec![Says::Reserved("r-1"), Says::Ok], vec![vec![Reserve], vec![Srl]],
+         Verdict::Admit(vec![charge(Some("r-1"))])),
+        ("a refused reservation: the rest are never asked",
+         config("local"), vec![Says::Over(None)], vec![vec![Reserve]], refused(0, 1000, false, vec![])),
+        ("the request limit refuses: the reservation is released",
+         config("local"), vec![Says::Reserved("r-1"), Says::Over(Some(2))], vec![vec![Reserve], vec![Srl]],
+         refused(1, 2000, false, vec![release("r-1")])),
+        ("a failed reservation under local: the rest are asked, the fallback decides the budget",
+         config("local"), vec![Says::Fails(14), Says::Ok], vec![vec![Reserve], vec![Srl]],
+         Verdict::Fallback { limits: vec![0], charges: vec![] }),
+        ("a failed request call under deny: the reservation is released",
+         config("deny"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
+         refused(1, 1000, true, vec![release("r-1")])),
+        ("a failed request call under allow: it goes, charged its reservation",
+         config("allow"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
+         Verdict::Admit(vec![charge(Some("r-1"))])),
+        ("a failed request call under local: the fallback decides it, the reservation stands",
+         config("local"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
+         Verdict::Fallback { limits: vec![1], charges: vec![charge(Some("r-1"))] }),
+        ("an OK without a reservation id charges with none",
+         config("local"), vec![Says::Reserved(""), Says::Ok], vec![vec![Reserve], vec![Srl]],
+         Verdict::Admit(vec![charge(None)])),
+    ];
+    for (name, cfg, says, want_stages, want) in rows {
+        let (stages, verdict, _) = run(&cfg, &says);
+        assert_eq!(stages, want_stages, "{name}: the calls of each stage");
+        assert_eq!(shape(verdict), want, "{name}");
+    }
+}
+
+#[test]
+fn a_refusal_in_a_windows_last_second_asks_again_within_two_ticks() {
+    // Limitador says 0 s in a window's last second: the wait is drawn from [1, 2 ticks).
+    let (_, verdict, _) = run(&rpm_only("local"), &[Says::Over(Some(0))]);
+    let Verdict::Refused { wait_ms, .. } = verdict else {
+        panic!("refused, got {verdict:?}");
+    };
+    assert!((1..2 * TICK_MS).contains(&wait_ms), "{wait_ms}");
+}
+
+#[test]
+fn every_call_is_counted_with_its_latency_once() {
+    // Answered and timed-out calls alike: one outcome counter and one latency sample each.
+    let (_, _, host) = run(
+        &config("local"),
+        &[Says::Reserved("r-1"), Says::Over(Some(1))],
+    );
+    let count = |c| {
+        host.metrics
+            .counters
+            .iter()
+            .filter(|(_, x)| *x == c)
+            .count()
+    };
+    assert_eq!(count(Counter::FleetCallsOk), 1);
+    assert_eq!(count(Counter::FleetCallsOverLimit), 1);
+    let samples = |h: &Host| h.metrics.fleet_call_ms.len();
+    assert_eq!(samples(&host), 2);
+    let (_, _, host) = run(&rpm_only("local"), &[Says::Silent]);
+    let count = |c| {
+        host.metrics
+            .counters
+            .iter()
+            .filter(|(_, x)| *x == c)
+            .count()
+    };
+    assert_eq!(count(Counter::FleetErrors), 1);
+    assert_eq!(count(Counter::FleetFallback), 1);
+    assert_eq!(
+        samples(&host),
+        1,
+        "a timed-out call has its latency sample too"
+    );
+}
