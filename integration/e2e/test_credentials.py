@@ -156,7 +156,8 @@ def test_credentials_appear_in_no_log_stat_or_answer_and_the_access_log_says_who
         by_source.setdefault((entry["status"], entry["llm_governor_source"]), set()).add(entry["details"])
     assert by_source[(429, "upstream")] == {"via_upstream"}, by_source
     assert by_source[(503, "upstream")] == {"via_upstream"}, by_source
-    assert by_source[(429, "cooldown")] == {"llm_governor_cooldown"}, by_source
+    # ... and the cause of a local answer: a cooling account, or its quota exhausted.
+    assert by_source[(429, "cooldown")] == {"llm_governor_cooldown", "llm_governor_quota"}, by_source
     assert by_source[(200, None)] == {"via_upstream"}, by_source
 
 
