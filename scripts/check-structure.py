@@ -43,6 +43,11 @@ SIZE_EXEMPT = {
     "src/native/abi.rs": "bindings: Envoy's dynamic-module ABI (its callbacks, the exported hooks, "
     "a safe handle per pointer Envoy lends), the native host's only unsafe code, kept in one file",
 }
+# The ABI bindings of each host: declarations of the host's calls and the wrappers that turn each
+# status into an error value. They grow with the ABI, not with what the host does, so a host's
+# budget counts its glue without them (the proxy-wasm bindings are 200 lines: 20 hostcalls,
+# each wrapped because the SDK's own wrappers panic on statuses they do not expect).
+BINDINGS = {"src/host/abi.rs", "src/native/abi.rs"}
 # What each budget covers: a `select(root) -> [relative paths]` and its reason.
 PROXY_WASM_HOST_LINES = 450
 NATIVE_HOST_LINES = 450
@@ -541,10 +546,13 @@ class Budget:
 
 
 def budgets(root: Path, sizes: dict) -> list:
-    host = sorted(rel for rel in sizes if rel.startswith("src/") and names_proxy_wasm(root / rel))
+    host = sorted(
+        rel for rel in sizes
+        if rel.startswith("src/") and rel not in BINDINGS and names_proxy_wasm(root / rel)
+    )
     out = [
         Budget(
-            "the proxy-wasm host (files under src/ that name proxy_wasm)", host,
+            "the proxy-wasm host's glue (files under src/ that name proxy_wasm, bindings aside)", host,
             sum(sizes[r] for r in host), PROXY_WASM_HOST_LINES,
             "move what is not proxy-wasm glue into the core (STYLE.md, Two hosts, one core)",
         )
