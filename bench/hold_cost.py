@@ -227,7 +227,7 @@ def main() -> int:
                 print(f"({a}) upstream requests for the held account: {g['upstream']} (the one 429 that started the cooldown)")
             print(flush=True)
     finally:
-        sim.stop()
+        sim.cleanup()
 
     if args.runs > 1:
         print(f"over {args.runs} runs, min – max (median): {n} requests, Envoy --concurrency 1, {args.window_s:g} s window")

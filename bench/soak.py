@@ -185,8 +185,8 @@ def main() -> int:
             if critical:
                 failures.append(f"critical wasm lines: {critical[:3]}")
     finally:
-        primary.stop()
-        backup.stop()
+        primary.cleanup()
+        backup.cleanup()
     for f in failures:
         print(f"FAILED: {f}")
     print("soak: " + ("FAILED" if failures else "ok"))

@@ -32,4 +32,4 @@ try:
             v = subprocess.run(["redis-cli", "-p", str(g.redis.port), "get", k], capture_output=True, text=True).stdout.strip()
             print("redis", k, v)
 finally:
-    g.stop(); sim.stop()
+    g.stop(); sim.cleanup()

@@ -284,9 +284,9 @@ def main() -> int:
                     for batch in batches:
                         results += run_batch(key, batch, rep, args, sim, backup, artifact)
     finally:
-        sim.stop()
+        sim.cleanup()
         if backup is not None:
-            backup.stop()
+            backup.cleanup()
 
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
             "argv": sys.argv[1:], "envoy_concurrency": args.concurrency, "litellm": gateways.litellm_version(),

@@ -1,6 +1,7 @@
 """pytest fixtures for the end-to-end tests.
 
-- `simulator`: one provider simulator for the session; `sim` is the same one, reset per test.
+- `simulator`: one provider simulator for the session; `sim` is the same one, reset per test;
+  `simulator_fixtures` builds such a pair for another (a second provider).
 - `envoy_factory`: starts Envoys for one test, always stops them, fails the test if one logged a
   `[critical]` wasm line, and attaches their logs to the report when the test fails.
 """
@@ -41,18 +42,24 @@ def _release(envoy: Envoy) -> None:
         _live_envoys.remove(envoy)
 
 
-@pytest.fixture(scope="session")
-def simulator():
-    sim = Simulator().start()
-    yield sim
-    sim.stop()
+def simulator_fixtures(name: str, scope: str, reset_name: str):
+    """Two fixtures: `name`, one simulator for `scope`, stopped and removed when the scope ends;
+    and `reset_name`, the same simulator with no scenario and no recorded requests, per test."""
+
+    def started():
+        with Simulator() as simulator:
+            yield simulator
+
+    def reset(request):
+        simulator = request.getfixturevalue(name)
+        simulator.reset()
+        yield simulator
+
+    return pytest.fixture(scope=scope, name=name)(started), pytest.fixture(name=reset_name)(reset)
 
 
-@pytest.fixture
-def sim(simulator):
-    """The session's simulator, with no scenario and no recorded requests."""
-    simulator.reset()
-    yield simulator
+# The session's provider, and the same one reset for each test.
+simulator, sim = simulator_fixtures("simulator", "session", reset_name="sim")
 
 
 @pytest.fixture

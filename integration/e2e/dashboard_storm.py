@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 
 import requests
 

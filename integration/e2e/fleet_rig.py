@@ -19,13 +19,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
-import requests
-
-from harness import REPO_ROOT, Envoy, HarnessError, envoy_bootstrap, free_port, governor_filter, terminate
+from harness import (REPO_ROOT, Envoy, HarnessError, Server, accepts, envoy_bootstrap, free_port, governor_filter,
+                     http_ok)
 
 RLS_BINARY = REPO_ROOT / "integration" / "limitador-rls" / "target" / "release" / "limitador-rls"
 RLS_CLUSTER = "llm_governor_ratelimit"
@@ -42,107 +40,61 @@ def redis_server() -> str:
     return found
 
 
-class _Process:
-    """A server process of the rig: stop() ends it; a `with` block starts and stops it."""
-
-    proc: Optional[subprocess.Popen] = None
-
-    def start(self):
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        terminate(self.proc, grace_s=2.0)
-        self.proc = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class Redis(_Process):
+class Redis(Server):
     """redis-server on a free loopback port, no persistence; stop() kills it, start() again
     brings it back on the same port (empty)."""
 
-    def __init__(self):
-        self.port = free_port()
-        self.proc: Optional[subprocess.Popen] = None
-        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-redis-"))
+    what = "redis"
+    ready_timeout_s = 10.0
+    stop_grace_s = 2.0
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
-    def start(self) -> "Redis":
-        self.proc = subprocess.Popen(
-            [redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise HarnessError("redis-server did not answer PING")
+    def launch(self) -> subprocess.Popen:
+        return self.spawn([redis_server(), "--port", self.port, "--bind", "127.0.0.1", "--save", "",
+                           "--appendonly", "no", "--dir", self.workdir])
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    def ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
 
-class _LimitsService(_Process):
-    """A rate-limit service on `redis`: a work folder of its own holding its limits file and its
-    log (`name`.log), removed when a `with` block ends."""
+class _LimitsService(Server):
+    """A rate-limit service on `redis`: its work folder also holds its limits file."""
 
-    def __init__(self, redis: Redis, limits_yaml: str, name: str):
+    ready_timeout_s = 20.0
+    stop_grace_s = 2.0
+
+    def __init__(self, redis: Redis, limits_yaml: str):
+        super().__init__()
         self.redis = redis
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"llm-governor-{name}-"))
         self.limits_path = self.workdir / "limits.yaml"
         self.limits_path.write_text(limits_yaml)
-        self.log_path = self.workdir / f"{name}.log"
-        self.proc: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class RlsService(_LimitsService):
-    """One instance of the Limitador-compatible fixture on `redis`, with a limits file."""
+    """One instance of the Limitador-compatible fixture on `redis`, with a limits file: it binds
+    port 0 and announces the port."""
+
+    what = "rls"
+    announces_port = True
 
     def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
-        super().__init__(redis, limits_yaml, "rls")
+        super().__init__(redis, limits_yaml)
         self.extra_args = list(extra_args or [])
 
-    def start(self, port: int = 0) -> "RlsService":
+    def launch(self) -> subprocess.Popen:
         if not RLS_BINARY.exists():
             raise HarnessError(f"{RLS_BINARY} missing: `make test` builds it (make rls)")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [str(RLS_BINARY), "--listen", f"127.0.0.1:{port}", "--redis", self.redis.url,
-             "--limits", str(self.limits_path), "--rate-limit-headers", "DRAFT_VERSION_03",
-             *self.extra_args],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        deadline = time.time() + 20
-        assert self.proc.stdout is not None
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                if self.proc.poll() is not None:
-                    raise HarnessError(f"limitador-rls exited: {self.log_path.read_text()[-2000:]}")
-                continue
-            if "listening on" in line:
-                self.port = int(line.strip().rsplit(":", 1)[1])
-                return self
-        raise HarnessError("limitador-rls did not say it listens")
+        return self.spawn([RLS_BINARY, "--listen", "127.0.0.1:0", "--redis", self.redis.url,
+                           "--limits", self.limits_path, "--rate-limit-headers", "DRAFT_VERSION_03",
+                           *self.extra_args], stdout=subprocess.PIPE)
 
 
 class LimitadorServer(_LimitsService):
@@ -150,12 +102,17 @@ class LimitadorServer(_LimitsService):
     instances share counters), with a limits file: gRPC (RLS) and its HTTP API on free loopback
     ports, draft-03 rate-limit headers on, as envoy/fleet.yaml documents it."""
 
+    what = "limitador"
+
     def __init__(self, redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):
         if extra_args:
             raise HarnessError(f"limitador-server has no fixture flags {extra_args}")
-        super().__init__(redis, limits_yaml, "limitador")
+        super().__init__(redis, limits_yaml)
         self.http_port: Optional[int] = None
         self.paused = False
+
+    def choose_ports(self) -> None:
+        self.port, self.http_port = free_port(), free_port()
 
     def command(self, port: int, http_port: int) -> list:
         assert LIMITADOR_SERVER is not None
@@ -164,31 +121,17 @@ class LimitadorServer(_LimitsService):
                 "--rate-limit-headers", "DRAFT_VERSION_03", str(self.limits_path),
                 "redis", self.redis.url]
 
-    def start(self, port: int = 0) -> "LimitadorServer":
+    def launch(self) -> subprocess.Popen:
         if LIMITADOR_SERVER is None or not os.access(LIMITADOR_SERVER, os.X_OK):
             raise HarnessError(f"LLM_GOVERNOR_LIMITADOR_SERVER={LIMITADOR_SERVER}: not an executable")
-        self.port = port or free_port()
-        self.http_port = free_port()
-        self.log = open(self.log_path, "w")
         # Its defaults also come from the environment (LIMITS_FILE, REDIS_URL, ENVOY_RLS_PORT,
         # ...): it gets none of ours.
         env = {"PATH": os.environ.get("PATH", ""), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        self.proc = subprocess.Popen(self.command(self.port, self.http_port), stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env)
-        # Ready when its HTTP API answers /status and the RLS port takes connections.
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise HarnessError(f"limitador-server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    pass
-                if requests.get(f"http://127.0.0.1:{self.http_port}/status", timeout=1).status_code == 200:
-                    return self
-            except (OSError, requests.RequestException):
-                pass
-            time.sleep(0.05)
-        raise HarnessError(f"limitador-server did not listen: {self.log_path.read_text()[-2000:]}")
+        return self.spawn(self.command(self.port, self.http_port), env=env)
+
+    def ready(self) -> bool:
+        """Its HTTP API answers /status and the RLS port takes connections."""
+        return accepts(self.port) and http_ok(f"http://127.0.0.1:{self.http_port}/status")
 
     def pause(self) -> None:
         """SIGSTOP: connections stay open and nothing answers (a service slower than any timeout)."""
@@ -201,9 +144,9 @@ class LimitadorServer(_LimitsService):
             self.proc.send_signal(signal.SIGCONT)
         self.paused = False
 
-    def stop(self) -> None:
+    def _halt(self) -> None:
         self.resume()
-        super().stop()
+        super()._halt()
 
 
 def rls_service(redis: Redis, limits_yaml: str, extra_args: Optional[list] = None):

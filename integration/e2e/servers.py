@@ -1,7 +1,7 @@
-"""Servers the deployment tests run beside Envoy, each on a free 127.0.0.1 port and stopped by
-stop() (also via `with`): Debian's docker-registry (distribution 2.8) and Prometheus. Their
-binaries come from scripts/ensure-deploy-tools.sh, which installs the Debian packages on demand
-when it runs as root (CI); `require(tool)` is how a test asks for one.
+"""Servers the deployment tests run beside Envoy, each a `harness.Server` on a free 127.0.0.1
+port (started, stopped and cleaned up by `with`): Debian's docker-registry (distribution 2.8)
+and Prometheus. Their binaries come from scripts/ensure-deploy-tools.sh, which installs the
+Debian packages on demand when it runs as root (CI); `require(tool)` is how a test asks for one.
 """
 
 from __future__ import annotations
@@ -9,15 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-import time
-from pathlib import Path
 from typing import Optional
 
 import pytest
 import requests
 
-from harness import REPO_ROOT, HarnessError, free_port, terminate
+from harness import REPO_ROOT, Server, http_ok
 
 ENSURE = REPO_ROOT / "scripts" / "ensure-deploy-tools.sh"
 
@@ -37,88 +34,52 @@ def require(tool: str) -> str:
     pytest.skip(message)
 
 
-def _wait(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise HarnessError(f"{what} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-2000:]}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.05)
-    raise HarnessError(f"{what} not ready on {url}:\n{log.read_text(errors='replace')[-2000:]}")
+class LocalRegistry(Server):
+    """docker-registry with filesystem storage in its work folder, HTTP on 127.0.0.1:<free port>."""
 
-
-class LocalRegistry:
-    """docker-registry with filesystem storage in a temp dir, HTTP on 127.0.0.1:<free port>."""
+    what = "registry"
 
     def __init__(self, binary: str):
+        super().__init__()
         self.binary = binary
-        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-registry-"))
-        self.proc: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "LocalRegistry":
-        log = self.workdir / "registry.log"
-        for _ in range(3):  # a port taken between free_port() and the bind: try another
-            self.port = free_port()
-            config = self.workdir / "config.yml"
-            config.write_text(
-                "version: 0.1\n"
-                "log: {level: info}\n"
-                f"storage: {{filesystem: {{rootdirectory: {self.workdir / 'data'}}}, delete: {{enabled: true}}}}\n"
-                f"http: {{addr: '{self.address}'}}\n"
-            )
-            with log.open("w") as out:
-                self.proc = subprocess.Popen(
-                    [self.binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-            try:
-                _wait(f"http://{self.address}/v2/", self.proc, log, "docker-registry")
-                return self
-            except HarnessError:
-                terminate(self.proc)
-                if "address already in use" not in log.read_text(errors="replace"):
-                    raise
-        raise HarnessError(f"docker-registry could not bind a port:\n{log.read_text(errors='replace')[-2000:]}")
+    def launch(self) -> subprocess.Popen:
+        config = self.workdir / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log: {level: info}\n"
+            f"storage: {{filesystem: {{rootdirectory: {self.workdir / 'data'}}}, delete: {{enabled: true}}}}\n"
+            f"http: {{addr: '{self.address}'}}\n"
+        )
+        return self.spawn([self.binary, "serve", config])
 
-    def stop(self) -> None:
-        terminate(self.proc)
-        self.proc = None
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "LocalRegistry":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def ready(self) -> bool:
+        return http_ok(f"http://{self.address}/v2/")
 
 
-class LocalPrometheus:
-    """Prometheus scraping the given targets' /stats/prometheus every scrape_s, with TSDB in a
-    temp dir, its web API on 127.0.0.1:<free port>."""
+class LocalPrometheus(Server):
+    """Prometheus scraping the given targets' /stats/prometheus every scrape_s, with TSDB in its
+    work folder, its web API on 127.0.0.1:<free port>."""
+
+    what = "prometheus"
+    ready_timeout_s = 30.0
 
     def __init__(self, binary: str, targets: list, scrape_s: float = 1.0, job: str = "envoy"):
+        super().__init__()
         self.binary = binary
         self.targets = targets
         self.scrape_s = scrape_s
         self.job = job
-        self.workdir = Path(tempfile.mkdtemp(prefix="llm-governor-prometheus-"))
-        self.proc: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "LocalPrometheus":
+    def launch(self) -> subprocess.Popen:
         scrape = f"{self.scrape_s:g}s"
         config = self.workdir / "prometheus.yml"
         targets = ", ".join(f"'{t}'" for t in self.targets)
@@ -129,28 +90,19 @@ class LocalPrometheus:
             "    metrics_path: /stats/prometheus\n"
             f"    static_configs: [{{targets: [{targets}]}}]\n"
         )
-        log = self.workdir / "prometheus.log"
-        for _ in range(3):
-            self.port = free_port()
-            with log.open("w") as out:
-                self.proc = subprocess.Popen(
-                    [
-                        self.binary,
-                        f"--config.file={config}",
-                        f"--storage.tsdb.path={self.workdir / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{self.port}",
-                        "--log.level=warn",
-                    ],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
-                )
-            try:
-                _wait(self.url + "/-/ready", self.proc, log, "prometheus", timeout_s=30)
-                return self
-            except HarnessError:
-                terminate(self.proc)
-                if "address already in use" not in log.read_text(errors="replace"):
-                    raise
-        raise HarnessError(f"prometheus could not bind a port:\n{log.read_text(errors='replace')[-2000:]}")
+        return self.spawn(
+            [
+                self.binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            cwd=self.workdir,
+        )
+
+    def ready(self) -> bool:
+        return http_ok(self.url + "/-/ready")
 
     def query(self, expr: str, at: Optional[float] = None) -> dict:
         params = {"query": expr}
@@ -171,14 +123,3 @@ class LocalPrometheus:
         """The values of `label` on the series `match` selects (Grafana's label_values(match, label))."""
         r = requests.get(self.url + f"/api/v1/label/{label}/values", params={"match[]": match}, timeout=10)
         return r.json()
-
-    def stop(self) -> None:
-        terminate(self.proc)
-        self.proc = None
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "LocalPrometheus":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -10,14 +10,12 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
 import time
-import uuid
 
-from harness import RawUpstream, envoy_bootstrap, governor_filter
+from harness import RawUpstream, envoy_bootstrap, governor_filter, new_key, post
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
 CONFIG = {"pools": POOLS, "cooldown": {"enabled": False}}
@@ -63,20 +61,6 @@ class _BigErrorUpstream(RawUpstream):
                              + f"content-length: {len(body)}\r\n\r\n".encode() + body)
 
 
-def post(port: int, path: str):
-    """(status, lower-case headers, body, seconds) of one request on its own connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        started = time.monotonic()
-        conn.request("POST", path, body=b"{}", headers={"content-type": "application/json",
-                                                         "authorization": "Bearer sk-" + uuid.uuid4().hex})
-        r = conn.getresponse()
-        body = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, body, time.monotonic() - started
-    finally:
-        conn.close()
-
-
 def test_classification_reads_the_first_16_kib_of_an_error_body_and_passes_all_of_it(envoy_factory):
     with _BigErrorUpstream() as upstream:
         envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter(CONFIG)]), concurrency=1)
@@ -88,14 +72,15 @@ def test_classification_reads_the_first_16_kib_of_an_error_body_and_passes_all_o
             (CAP + 1, CAP + 13, "rate_limited"),       # a body barely past the cap
             (900, 1_000, "quota_exhausted"),           # small bodies are read whole
         ]:
-            status, headers, body, took = post(envoy.port, f"/v1/chat/{marker_end}/{total}")
-            assert status == 429
-            assert headers.get("x-llm-governor-class") == klass, (marker_end, total, headers)
-            assert headers.get("x-should-retry") == ("false" if klass == "quota_exhausted" else "true")
-            assert body == error_body(marker_end, total), f"the {total}-byte body was altered"
+            r = post(envoy, new_key(), body={}, path=f"/v1/chat/{marker_end}/{total}")
+            assert r.status_code == 429
+            assert r.headers.get("x-llm-governor-class") == klass, (marker_end, total, r.headers)
+            assert r.headers.get("x-should-retry") == ("false" if klass == "quota_exhausted" else "true")
+            assert r.content == error_body(marker_end, total), f"the {total}-byte body was altered"
             # Classified as soon as 16 KiB arrived, not after the 1 s wait for a body.
+            took = r.elapsed.total_seconds()
             assert took < 0.9, f"{marker_end}/{total}: answered after {took:.2f} s"
-        assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
+        assert envoy.pool_stat("openai", "body_unavailable") == 0
 
 
 def raw_exchange(s: socket.socket, key: str, body_size: int, piece: int = 64 * 1024,
@@ -131,7 +116,7 @@ def raw_exchange(s: socket.socket, key: str, body_size: int, piece: int = 64 * 1
 def test_a_prompt_larger_than_envoys_buffer_gets_the_local_answer_on_a_kept_connection(envoy_factory, sim):
     # Holding off: a cooled request is answered locally once its body has been read.
     envoy = envoy_factory({"pools": POOLS, "hold": {"max_ms": 0}}, concurrency=1)
-    key = "sk-big-" + uuid.uuid4().hex[:8]
+    key = new_key("sk-big")
     sim.scenario({"mode": "rate_limited", "retry_after_s": 30, "count": 1, "keys": [key]})
     s = socket.create_connection(("127.0.0.1", envoy.port), timeout=20)
     try:
@@ -193,14 +178,15 @@ def test_one_slow_error_body_changes_how_no_other_accounts_answers_are_read(envo
     # told "rate_limited", and their clients retried a key whose quota was gone.
     with _SlowQuotaUpstream() as upstream:
         envoy = envoy_factory(None, bootstrap=envoy_bootstrap(upstream.port, [governor_filter(CONFIG)]), concurrency=1)
-        status, headers, _, _ = post(envoy.port, "/v1/chat/completions")
-        assert (status, headers.get("x-llm-governor-class")) == (429, "quota_exhausted"), headers
-        slow = [threading.Thread(target=post, args=(envoy.port, "/v1/chat/slow")) for _ in range(2)]
+        r = post(envoy, new_key(), body={})
+        assert (r.status_code, r.headers.get("x-llm-governor-class")) == (429, "quota_exhausted"), r.headers
+        slow = [threading.Thread(target=post, args=(envoy, new_key()), kwargs={"body": {}, "path": "/v1/chat/slow"})
+                for _ in range(2)]
         for t in slow:
             t.start()
         time.sleep(1.3)  # the slow ones have been classified without their bodies
-        classes = [post(envoy.port, "/v1/chat/completions")[1].get("x-llm-governor-class") for _ in range(8)]
+        classes = [post(envoy, new_key(), body={}).headers.get("x-llm-governor-class") for _ in range(8)]
         for t in slow:
             t.join(timeout=15)
         assert classes == ["quota_exhausted"] * 8, classes
-        assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 0
+        assert envoy.pool_stat("openai", "body_unavailable") == 0

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import requests
 import yaml
@@ -93,7 +92,7 @@ def test_the_compose_command_and_config_run_under_the_wheels_envoy(sim):
     # plugin_config=None only tells the harness not to build a bootstrap: the config above
     # carries the wasm filter itself.
     with envoy:
-        assert envoy.stat("llm_governor.pool.openai.upstream_rate_limited") == 0, "module not loaded"
+        assert envoy.pool_stat("openai", "upstream_rate_limited") == 0, "module not loaded"
         sim.scenario({"mode": "rate_limited", "retry_after_s": 3, "count": 1})
         r = requests.post(envoy.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-compose"},
                           json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
@@ -101,6 +100,6 @@ def test_the_compose_command_and_config_run_under_the_wheels_envoy(sim):
         assert r.headers["x-llm-governor-class"] == "rate_limited"
         assert r.headers["x-llm-governor-source"] == "upstream"
         assert int(r.headers["retry-after-ms"]) >= 3000
-        assert envoy.stat("llm_governor.pool.openai.upstream_rate_limited") == 1
+        assert envoy.pool_stat("openai", "upstream_rate_limited") == 1
         # The admin override took effect: admin answers on the port Envoy chose, not 9901.
         assert envoy.admin_port != 9901

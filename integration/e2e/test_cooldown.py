@@ -1,9 +1,12 @@
-"""End-to-end: shared cooldowns per (pool, account) across Envoy workers (issue 3, items 2 and 6).
+"""End-to-end: while the provider says "not now" for an account, the gateway answers for it.
 
-While the provider says "not now" for an account, no worker sends it anything: every request is
-answered locally, in the pool's dialect, and the simulator's request log proves that nothing
-reached the upstream. Other accounts are untouched, and the account flows again once the
-provider's time has passed.
+The cooldown is shared per (pool, account) across Envoy workers: no worker sends that account
+anything, every request is answered locally in the pool's dialect (or, with no pools, the
+request's own), and the simulator's request log proves that nothing reached the upstream.
+Clients are told what is left of the provider's time (capped by retry_after.max_ms, never the
+cooldown itself); a quota or spend cap is remembered for cooldown.quota_ms and clients are told
+not to retry. Other accounts are untouched, the account flows again once the provider's time has
+passed, and a local answer keeps the connection open.
 
 Timing is judged per request from the client's own clock (when it sent, when it got the answer),
 so the assertions keep the real semantics without depending on a quiet machine.
@@ -13,24 +16,17 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import time
-import uuid
 
 import pytest
 
+from answers import JITTER, MAX_MS, POOLS, assert_local_body, check_delay, delay_ms
 from conftest import module_envoy
-from harness import post_concurrently
+from harness import new_key, post, post_concurrently, request_in
 
-JITTER = 0.2
-MAX_MS = 60_000
 HINT_S = 4
 # Envoy counts whole wall-clock ms, the client measures with time.monotonic().
 CLOCK_SLACK_MS = 5
-POOLS = [
-    {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
-    {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"},
-]
 CONFIG = {
     "pools": POOLS,
     "retry_after": {"default_ms": 1000, "max_ms": MAX_MS, "jitter": JITTER},
@@ -38,57 +34,66 @@ CONFIG = {
     # These tests are about the local answers; holding (test_hold.py) would wait them out.
     "hold": {"max_ms": 0},
 }
+# The defaults, without holding.
+NO_HOLD = {"pools": POOLS, "hold": {"max_ms": 0}}
+
+governor = pytest.fixture(scope="module", name="governor")(module_envoy(CONFIG, concurrency=2))
+governor_no_hold = pytest.fixture(scope="module", name="governor_no_hold")(module_envoy(NO_HOLD))
 
 
-def new_key(prefix: str = "sk-cool") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def request_for(dialect: str, key: str):
-    """(path, headers, json body) of a minimal real request in the dialect."""
-    if dialect == "openai":
-        return (
-            "/v1/chat/completions",
-            {"authorization": f"Bearer {key}"},
-            {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
-        )
-    if dialect == "anthropic":
-        return (
-            "/v1/messages",
-            {"x-api-key": key, "anthropic-version": "2023-06-01"},
-            {"model": "claude-sonnet-4-6", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]},
-        )
-    raise ValueError(dialect)
-
-
-def send(url: str, dialect: str, key: str, connections: int = 1, per_connection: int = 1) -> list:
-    job = request_for(dialect, key)
+def burst(url: str, dialect: str, key: str, connections: int = 1, per_connection: int = 1) -> list:
+    """connections x per_connection requests for `key` at once, over keep-alive connections."""
+    job = request_in(dialect, key)
     return post_concurrently(url, [[job] * per_connection for _ in range(connections)])
 
 
-def counter(envoy, pool: str, name: str) -> int:
-    return int(envoy.stat(f"llm_governor.pool.{pool}.{name}") or 0)
+# --------------------------------------------------------------------------------------------
+# While the provider's time lasts, the gateway answers for it
 
 
-def delay_ms(reply) -> int:
-    """retry-after-ms, after checking retry-after is the same delay in whole seconds, rounded up."""
-    ms = int(reply.headers["retry-after-ms"])
-    assert int(reply.headers["retry-after"]) == math.ceil(ms / 1000), reply.headers
-    return ms
+def test_cooldown_answers_locally_until_the_provider_time(governor_no_hold, sim):
+    envoy = governor_no_hold
+    key, other_key = new_key(), new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
+    local_before = envoy.pool_stat("openai", "local_reject_cooldown")
+
+    first_sent = time.monotonic()
+    first = post(envoy, key, "openai")
+    assert first.headers.get("x-llm-governor-source") == "upstream"
+    second = post(envoy, key, "openai")
+    elapsed_ms = (time.monotonic() - first_sent) * 1000
+
+    assert second.status_code == 429
+    assert second.headers.get("x-llm-governor-source") == "cooldown"
+    assert second.headers.get("x-llm-governor-class") == "rate_limited"
+    assert second.headers.get("x-should-retry") == "true"
+    # What is left of the provider's 3 s, never less.
+    check_delay(second, 3000 - elapsed_ms, 3000)
+    error = second.json()["error"]  # the OpenAI dialect's error shape
+    assert {"type", "code", "message"} <= set(error), second.text
+    assert len(sim.requests_for(key)) == 1, "a locally rejected request reached the upstream"
+    assert envoy.pool_stat("openai", "local_reject_cooldown") == local_before + 1
+
+    # Another account in the same pool is not cooling.
+    assert post(envoy, other_key, "openai").status_code == 200
 
 
-def assert_local_body(reply, dialect: str, klass: str) -> None:
-    """A local rejection carries a JSON error body in the pool's dialect."""
-    assert reply.headers.get("content-type", "").startswith("application/json"), reply.headers
-    body = json.loads(reply.body)
-    if dialect == "openai":
-        error = body["error"]
-        assert error["code"] == ("insufficient_quota" if klass == "quota_exhausted" else "rate_limit_exceeded"), body
-        assert error["type"] and error["message"], body
-    else:
-        assert body["type"] == "error", body
-        assert body["error"]["type"] == "rate_limit_error", body
-        assert body["error"]["message"], body
+def test_cap_shortens_what_clients_are_told_never_the_cooldown(envoy_factory, sim):
+    envoy = envoy_factory({"pools": POOLS, "retry_after": {"max_ms": 1000, "jitter": JITTER}, "hold": {"max_ms": 0}})
+    key = new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 4, "keys": [key]})
+
+    first = post(envoy, key, "openai")
+    assert first.headers.get("x-llm-governor-source") == "upstream"
+    assert delay_ms(first) == 1000
+
+    time.sleep(1.1)  # the client obeys the capped delay; the provider's 4 s have not passed
+    again = post(envoy, key, "openai")
+    assert again.status_code == 429
+    assert again.headers.get("x-llm-governor-source") == "cooldown"
+    # About 2.9 s of the provider's 4 s are left: capped, the client is told the cap again.
+    assert delay_ms(again) == 1000
+    assert len(sim.requests_for(key)) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
     a, b = new_key("sk-a"), new_key("sk-b")
     sim.scenario({"mode": "rate_limited", "count": 1, "keys": [a], "retry_after": "seconds", "retry_after_s": HINT_S})
 
-    (first,) = send(envoy.url, "openai", a)
+    (first,) = burst(envoy.url, "openai", a)
     assert first.status == 429
     assert first.headers.get("x-llm-governor-source") == "upstream"
     assert first.headers.get("x-llm-governor-class") == "rate_limited"
@@ -110,8 +115,8 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
     deadline_high = first.received + HINT_S
 
     # 100 more calls for A, over 20 connections, so every worker answers some of them.
-    cooled = send(envoy.url, "openai", a, connections=20, per_connection=5)
-    on_b = send(envoy.url, "openai", b)
+    cooled = burst(envoy.url, "openai", a, connections=20, per_connection=5)
+    on_b = burst(envoy.url, "openai", b)
 
     assert len(cooled) == 100
     band_ms = JITTER * HINT_S * 1000
@@ -152,22 +157,20 @@ def test_rate_limit_cools_the_account_on_every_worker(envoy_factory, sim, concur
     assert on_b[0].status == 200 and "x-llm-governor-source" not in on_b[0].headers
     assert [q["status"] for q in sim.requests_for(b)] == [200]
 
-    assert counter(envoy, "openai", "local_reject_cooldown") == 100
-    assert counter(envoy, "openai", "upstream_rate_limited") == 1
-    assert counter(envoy, "openai", "local_reject_quota") == 0
+    assert envoy.pool_stat("openai", "local_reject_cooldown") == 100
+    assert envoy.pool_stat("openai", "upstream_rate_limited") == 1
+    assert envoy.pool_stat("openai", "local_reject_quota") == 0
 
     # After the provider's time plus the jitter clients were given, A flows again.
     time.sleep(max(0.0, first.sent + HINT_S * (1 + JITTER) + 0.1 - time.monotonic()))
-    after = send(envoy.url, "openai", a, connections=concurrency, per_connection=1)
+    after = burst(envoy.url, "openai", a, connections=concurrency, per_connection=1)
     assert [r.status for r in after] == [200] * concurrency, [(r.status, r.headers) for r in after]
     assert [q["status"] for q in sim.requests_for(a)] == [429] + [200] * concurrency
-    assert counter(envoy, "openai", "local_reject_cooldown") == 100
+    assert envoy.pool_stat("openai", "local_reject_cooldown") == 100
 
 
 # --------------------------------------------------------------------------------------------
 # Quota and spend caps: answered locally, and clients are told not to retry
-
-governor = pytest.fixture(scope="module", name="governor")(module_envoy(CONFIG, concurrency=2))
 
 QUOTA = [("openai", "openai"), ("anthropic", "anthropic")]
 
@@ -176,17 +179,17 @@ QUOTA = [("openai", "openai"), ("anthropic", "anthropic")]
 def test_quota_is_answered_locally_without_retry(governor, sim, dialect, pool):
     key, other = new_key("sk-quota"), new_key("sk-other")
     sim.scenario({"mode": "quota", "count": 1, "keys": [key]})
-    quota_before = counter(governor, pool, "local_reject_quota")
-    cooldown_before = counter(governor, pool, "local_reject_cooldown")
+    quota_before = governor.pool_stat(pool, "local_reject_quota")
+    cooldown_before = governor.pool_stat(pool, "local_reject_cooldown")
 
-    (first,) = send(governor.url, dialect, key)
+    (first,) = burst(governor.url, dialect, key)
     assert first.status == 429
     assert first.headers.get("x-llm-governor-source") == "upstream"
     assert first.headers.get("x-llm-governor-class") == "quota_exhausted"
     assert first.headers.get("x-should-retry") == "false"
 
     # The simulator's one quota answer is spent: anything that reached it now would get a 200.
-    later = send(governor.url, dialect, key, connections=4, per_connection=3)
+    later = burst(governor.url, dialect, key, connections=4, per_connection=3)
     assert [q["status"] for q in sim.requests_for(key)] == [429], "a call reached the upstream after the quota answer"
     for r in later:
         assert r.status == 429, (r.status, r.headers)
@@ -197,9 +200,29 @@ def test_quota_is_answered_locally_without_retry(governor, sim, dialect, pool):
         assert delay_ms(r) == MAX_MS
         assert_local_body(r, dialect, "quota_exhausted")
 
-    assert send(governor.url, dialect, other)[0].status == 200
-    assert counter(governor, pool, "local_reject_quota") == quota_before + len(later)
-    assert counter(governor, pool, "local_reject_cooldown") == cooldown_before
+    assert burst(governor.url, dialect, other)[0].status == 200
+    assert governor.pool_stat(pool, "local_reject_quota") == quota_before + len(later)
+    assert governor.pool_stat(pool, "local_reject_cooldown") == cooldown_before
+
+
+def test_quota_answer_is_remembered_and_answered_locally(governor_no_hold, sim):
+    envoy = governor_no_hold
+    key = new_key()
+    sim.scenario({"mode": "quota", "keys": [key]})
+    local_before = envoy.pool_stat("anthropic", "local_reject_quota")
+
+    first = post(envoy, key, "anthropic")
+    assert first.headers.get("x-llm-governor-source") == "upstream"
+    second = post(envoy, key, "anthropic")
+
+    assert second.status_code == 429
+    assert second.headers.get("x-llm-governor-source") == "cooldown"
+    assert second.headers.get("x-llm-governor-class") == "quota_exhausted"
+    assert second.headers.get("x-should-retry") == "false"
+    body = second.json()  # the Anthropic dialect's error shape
+    assert body.get("type") == "error" and body["error"].get("type") == "rate_limit_error", second.text
+    assert len(sim.requests_for(key)) == 1
+    assert envoy.pool_stat("anthropic", "local_reject_quota") == local_before + 1
 
 
 def test_a_remembered_quota_is_told_exactly_the_time_left_of_quota_ms(envoy_factory, sim):
@@ -209,13 +232,13 @@ def test_a_remembered_quota_is_told_exactly_the_time_left_of_quota_ms(envoy_fact
     envoy = envoy_factory({**CONFIG, "cooldown": {"enabled": True, "quota_ms": quota_ms}}, concurrency=2)
     key = new_key("sk-quota")
     sim.scenario({"mode": "quota", "count": 1, "keys": [key]})
-    (first,) = send(envoy.url, "openai", key)
+    (first,) = burst(envoy.url, "openai", key)
     assert first.headers.get("x-llm-governor-class") == "quota_exhausted"
     # The upstream answer: the quota time plus jitter.
     assert quota_ms <= delay_ms(first) <= quota_ms * (1 + JITTER)
     deadline_low, deadline_high = first.sent + quota_ms / 1000, first.received + quota_ms / 1000
     time.sleep(0.5)
-    later = send(envoy.url, "openai", key, connections=4, per_connection=2)
+    later = burst(envoy.url, "openai", key, connections=4, per_connection=2)
     for r in later:
         assert r.headers.get("x-llm-governor-source") == "cooldown", r.headers
         left_low = (deadline_low - r.received) * 1000 - CLOCK_SLACK_MS
@@ -225,13 +248,40 @@ def test_a_remembered_quota_is_told_exactly_the_time_left_of_quota_ms(envoy_fact
 
 
 # --------------------------------------------------------------------------------------------
+# Local answers in each dialect
+
+
+@pytest.mark.parametrize("dialect", ["gemini", "azure"])
+def test_gemini_and_azure_pools_answer_locally_in_their_dialect(governor_no_hold, sim, dialect):
+    key = new_key()
+    sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
+    assert post(governor_no_hold, key, dialect).headers.get("x-llm-governor-source") == "upstream"
+    r = post(governor_no_hold, key, dialect)
+    assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "cooldown", dict(r.headers)
+    assert_local_body(r, dialect)
+    assert len(sim.requests_for(key)) == 1
+
+
+def test_auto_dialect_answers_locally_in_the_requests_own_dialect(envoy_factory, sim):
+    # No pools: every request is in `default`, dialect auto, decided from the request.
+    envoy = envoy_factory({"hold": {"max_ms": 0}})
+    for dialect in ("openai", "anthropic", "gemini", "azure"):
+        key = new_key()
+        sim.scenario({"mode": "rate_limited", "retry_after": "seconds", "retry_after_s": 3, "keys": [key]})
+        assert post(envoy, key, dialect).headers.get("x-llm-governor-source") == "upstream", dialect
+        r = post(envoy, key, dialect)
+        assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "cooldown", dict(r.headers)
+        assert_local_body(r, dialect)
+
+
+# --------------------------------------------------------------------------------------------
 # Keep-alive across local answers
 
 
 def test_local_answer_keeps_the_connection_alive(governor, sim):
     key = new_key("sk-keepalive")
     sim.scenario({"mode": "quota", "count": 1, "keys": [key]})
-    path, headers, body = request_for("openai", key)
+    path, headers, body = request_in("openai", key)
     connections_before = int(governor.stat("http.llm_gateway.downstream_cx_total") or 0)
     conn = http.client.HTTPConnection("127.0.0.1", governor.port, timeout=10)
     answers = []

@@ -1,4 +1,4 @@
-"""End-to-end: the ways Envoy runs the filter (issue 10, items 6 and 7).
+"""End-to-end: the ways Envoy runs the filter.
 
 - HTTP/2 clients (h2c, prior knowledge, on the listener's `codec_type: AUTO`): a governed
   upstream 429, a local cooldown answer and a held request over HTTP/2, and clients that reset
@@ -30,52 +30,15 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-import requests
 
-from harness import NATIVE, Envoy, wasm_only, envoy_bootstrap, native_filter, wasm_filter
+from harness import (CHAT, CHAT_PATH, NATIVE, Envoy, cool, envoy_bootstrap, native_filter, new_key, post, wait_for,
+                     wasm_filter, wasm_only)
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-CHAT_PATH = "/v1/chat/completions"
-
-
-def new_key(prefix: str = "sk-modes") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
-
-
-def stat(envoy, name: str, pool: str = "openai") -> int:
-    return int(envoy.stat(f"llm_governor.pool.{pool}.{name}") or 0)
 
 
 def envoy_stat(envoy, name: str) -> int:
     return int(envoy.stat(name, 0) or 0)
-
-
-def post(envoy, key: str, headers: Optional[dict] = None, timeout: float = 30.0) -> requests.Response:
-    """One HTTP/1.1 request on its own connection (so it lands on the newest listener)."""
-    return requests.post(
-        envoy.url + CHAT_PATH,
-        json=CHAT,
-        headers={"authorization": f"Bearer {key}", "connection": "close", **(headers or {})},
-        timeout=timeout,
-    )
-
-
-def cool(sim, envoy, key: str, seconds: float) -> None:
-    """One upstream 429 with `retry-after: seconds` for `key`: the account cools that long."""
-    sim.scenario({"mode": "rate_limited", "retry_after_s": seconds, "count": 1, "keys": [key]})
-    r = post(envoy, key)
-    assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "upstream", dict(r.headers)
-    sim.scenario({"mode": "ok"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +224,7 @@ def test_http2_client_gets_the_governed_429_and_the_local_cooldown_answer(h2_env
     assert json.loads(second.body)["error"]["type"], second.body
     assert [q["status"] for q in sim.requests_for(key)] == [429], "the cooled request reached the provider"
     assert envoy_stat(h2_envoy, "http.llm_gateway.downstream_rq_http2_total") >= 2
-    assert stat(h2_envoy, "local_reject_cooldown") == 1
+    assert h2_envoy.pool_stat("openai", "local_reject_cooldown") == 1
 
 
 @needs_curl_http2
@@ -274,7 +237,7 @@ def test_http2_request_is_held_through_a_cooldown_and_released(envoy_factory, si
     held_ms = int(reply.headers["x-llm-governor-held-ms"])
     assert 800 <= held_ms <= 2_600, held_ms
     assert [q["status"] for q in sim.requests_for(key)] == [429, 200]
-    assert wait_for(lambda: stat(envoy, "held_requests") == 0)
+    assert wait_for(lambda: envoy.pool_stat("openai", "held_requests") == 0)
 
 
 @needs_curl_http2
@@ -287,10 +250,12 @@ def test_http2_streams_reset_while_held_leave_nothing_and_spare_their_neighbour(
     try:
         for stream in (1, 3, 5):
             h2.request(stream, key, body, port=envoy.port)
-        assert wait_for(lambda: stat(envoy, "held_requests") == 3), "three streams on one connection were not held"
+        assert wait_for(lambda: envoy.pool_stat("openai", "held_requests") == 3), (
+            "three streams on one connection were not held"
+        )
         h2.reset(1)
         h2.reset(3)
-        assert wait_for(lambda: stat(envoy, "held_requests") == 1), "a reset stream stayed held"
+        assert wait_for(lambda: envoy.pool_stat("openai", "held_requests") == 1), "a reset stream stayed held"
         # A held stream does not hold up its connection: another account's request goes now.
         h2.request(7, new_key(), body, port=envoy.port)
         assert wait_for(lambda: h2.ended(7), timeout_s=2), f"stream 7 waited behind the held one: {h2.frames}"
@@ -301,9 +266,9 @@ def test_http2_streams_reset_while_held_leave_nothing_and_spare_their_neighbour(
         assert [q["status"] for q in sim.requests_for(key)] == [429, 200], "a reset stream reached the provider"
     finally:
         h2.close()
-    assert wait_for(lambda: stat(envoy, "held_requests") == 0)
+    assert wait_for(lambda: envoy.pool_stat("openai", "held_requests") == 0)
     assert wait_for(lambda: envoy_stat(envoy, "http.llm_gateway.downstream_rq_active") == 0)
-    assert stat(envoy, "hold_released") == 1
+    assert envoy.pool_stat("openai", "hold_released") == 1
     # The account is not stuck: its next request goes at once.
     reply = h2_post(envoy, key)
     assert reply.status == 200 and reply.seconds < 2.0, reply.headers
@@ -328,7 +293,7 @@ def test_http2_stream_reset_mid_body_during_a_cooldown_leaves_nothing(h2_envoy, 
     finally:
         h2.close()
     assert [q["status"] for q in sim.requests_for(key)] == [429]
-    assert stat(h2_envoy, "local_reject_cooldown") >= 1
+    assert h2_envoy.pool_stat("openai", "local_reject_cooldown") >= 1
     assert wait_for(lambda: envoy_stat(h2_envoy, "http.llm_gateway.downstream_rq_active") == 0)
 
 
@@ -345,9 +310,9 @@ def test_http2_stream_reset_while_upstream_frees_its_in_flight_slot(envoy_factor
     h2 = RawH2(envoy.port)
     try:
         h2.request(1, key, json.dumps(CHAT).encode(), port=envoy.port)
-        assert wait_for(lambda: stat(envoy, "in_flight") == 1), "the request never went upstream"
+        assert wait_for(lambda: envoy.pool_stat("openai", "in_flight") == 1), "the request never went upstream"
         h2.reset(1)
-        assert wait_for(lambda: stat(envoy, "in_flight") == 0), "the reset stream kept its slot"
+        assert wait_for(lambda: envoy.pool_stat("openai", "in_flight") == 0), "the reset stream kept its slot"
         assert wait_for(lambda: envoy_stat(envoy, "http.llm_gateway.downstream_rq_active") == 0)
     finally:
         h2.close()
@@ -497,7 +462,7 @@ def test_lds_a_renamed_pool_starts_without_the_old_cooldowns(lds, sim):
     r = post(gateway.envoy, key)
     assert r.status_code == 200, (r.status_code, dict(r.headers))
     assert [q["status"] for q in sim.requests_for(key)] == [429, 200]
-    assert stat(gateway.envoy, "local_reject_cooldown", pool="openai-v2") == 0
+    assert gateway.envoy.pool_stat("openai-v2", "local_reject_cooldown") == 0
 
 
 def test_lds_an_invalid_configuration_is_refused_and_the_old_one_keeps_serving(lds, sim):
@@ -534,8 +499,8 @@ def test_a_new_vm_with_the_same_vm_id_keeps_cooldowns_and_buckets(lds, sim):
     key, tenant = new_key(), {"x-tenant": f"t-{uuid.uuid4().hex[:8]}"}
     cool(sim, gateway.envoy, key, 30)
     other = new_key()
-    assert post(gateway.envoy, other, tenant).status_code == 200  # the tenant's one request a minute
-    second = post(gateway.envoy, other, tenant)
+    assert post(gateway.envoy, other, headers=tenant).status_code == 200  # the tenant's one request a minute
+    second = post(gateway.envoy, other, headers=tenant)
     assert second.status_code == 429 and second.headers["x-llm-governor-source"] == "limit"
 
     before = vms_created(gateway.envoy)
@@ -544,7 +509,7 @@ def test_a_new_vm_with_the_same_vm_id_keeps_cooldowns_and_buckets(lds, sim):
 
     cooled = post(gateway.envoy, key)
     assert cooled.status_code == 429 and cooled.headers["x-llm-governor-source"] == "cooldown", dict(cooled.headers)
-    limited = post(gateway.envoy, new_key(), tenant)
+    limited = post(gateway.envoy, new_key(), headers=tenant)
     assert limited.status_code == 429 and limited.headers["x-llm-governor-source"] == "limit", dict(limited.headers)
     assert [q["status"] for q in sim.requests_for(key)] == [429]
 
@@ -563,9 +528,9 @@ def test_request_headers_above_60_kib_get_envoys_431_and_never_reach_the_provide
     envoy = envoy_factory({"pools": POOLS})
     small, large = new_key(), new_key()
     # Just under the default max_request_headers_kb (60): passes, governed as usual.
-    r = post(envoy, small, padding(58, 4))
+    r = post(envoy, small, headers=padding(58, 4))
     assert r.status_code == 200, r.text
-    r = post(envoy, large, padding(61, 5))
+    r = post(envoy, large, headers=padding(61, 5))
     assert r.status_code == 431
     assert sim.requests_for(large) == []
     assert [q["status"] for q in sim.requests_for(small)] == [200]

@@ -1,4 +1,4 @@
-"""End-to-end: cooldown-aware failover (issue 9). Two simulators are two providers behind two
+"""End-to-end: cooldown-aware failover. Two simulators are two providers behind two
 Envoy clusters; the filter steers a cooling, out-of-quota or capped account's requests, before
 they are sent, to the fallback pool, and Envoy routes them there on `x-llm-governor-pool` with
 the fallback's injected credential. Every assertion reads what each provider logged.
@@ -7,14 +7,13 @@ the fallback's injected credential. Every assertion reads what each provider log
 from __future__ import annotations
 
 import time
-import uuid
 
 import anthropic
 import openai
 import pytest
-import requests
 
-from harness import Simulator, envoy_bootstrap, failover_bootstrap, governor_filter
+from conftest import simulator_fixtures
+from harness import CHAT, Envoy, envoy_bootstrap, failover_bootstrap, governor_filter, new_key, post
 
 BACKUP_KEY = "sk-backup-injected"
 POOLS = [
@@ -26,20 +25,10 @@ POOLS = [
      "match": {"header": {"name": "x-llm-governor-pool", "value": "anthropic-backup"}}},
 ]
 CONFIG = {"pools": POOLS}
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.fixture(scope="module")
-def backup_sim():
-    sim = Simulator().start()
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
-def backup(backup_sim):
-    backup_sim.reset()
-    yield backup_sim
+# The fallback's provider, and the same one reset for each test.
+backup_sim, backup = simulator_fixtures("backup_sim", "module", reset_name="backup")
 
 
 @pytest.fixture
@@ -47,14 +36,6 @@ def gateway(envoy_factory, simulator, backup_sim):
     boot = failover_bootstrap(simulator.port, backup_sim.port, CONFIG,
                               backup_pools=("openai-backup", "anthropic-backup"), backup_key=BACKUP_KEY)
     return envoy_factory(None, bootstrap=boot)
-
-
-def new_key(prefix: str = "sk-fo") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def stat(envoy, pool: str, name: str) -> int:
-    return int(envoy.stat(f"llm_governor.pool.{pool}.{name}") or 0)
 
 
 def oai(envoy, key: str, **kw) -> openai.OpenAI:
@@ -72,7 +53,7 @@ def test_the_retry_after_a_primary_429_is_steered_to_the_fallback_with_its_crede
     assert [q["status"] for q in sim.requests_for(key)] == [429]
     seen = backup.requests()["requests"]
     assert [(q["key"], q["status"]) for q in seen] == [(BACKUP_KEY, 200)]
-    assert stat(gateway, "openai", "failover") == 1
+    assert gateway.pool_stat("openai", "failover") == 1
     # Later calls of the cooling account go straight to the fallback: no client retry at all.
     for _ in range(3):
         r = oai(gateway, key, max_retries=0).chat.completions.with_raw_response.create(**CHAT)
@@ -111,7 +92,7 @@ def test_a_spend_cap_on_the_primary_steers_every_later_call_for_quota_ms(gateway
     # The capped primary saw exactly one request; the fallback served all four calls.
     assert [q["status"] for q in sim.requests_for(key)] == [429]
     assert [q["status"] for q in backup.requests()["requests"]] == [200] * 4
-    assert stat(gateway, "anthropic", "upstream_quota_exhausted") == 1
+    assert gateway.pool_stat("anthropic", "upstream_quota_exhausted") == 1
 
 
 def test_when_both_are_cooling_the_request_is_held_until_the_fallback_frees(gateway, sim, backup):
@@ -134,17 +115,12 @@ def test_when_both_are_cooling_the_request_is_held_until_the_fallback_frees(gate
 
 def test_a_client_cannot_pick_the_fallback_pool_or_its_credential(gateway, sim, backup):
     key = new_key()
-    r = requests.post(
-        gateway.url + "/v1/chat/completions",
-        json=CHAT,
-        headers={"authorization": f"Bearer {key}", "x-llm-governor-pool": "openai-backup"},
-        timeout=10,
-    )
+    r = post(gateway, key, headers={"x-llm-governor-pool": "openai-backup"})
     assert r.status_code == 200, r.text
     assert "x-llm-governor-pool" not in r.headers
     assert [q["status"] for q in sim.requests_for(key)] == [200], "routed to the primary as the policy chose"
     assert backup.requests()["requests"] == [], "the fallback (and its credential) was never used"
-    assert stat(gateway, "openai-backup", "upstream_rate_limited") == 0
+    assert gateway.pool_stat("openai-backup", "upstream_rate_limited") == 0
 
 
 def test_a_fallback_whose_cluster_is_missing_gets_envoys_503(envoy_factory, simulator, sim):
@@ -160,17 +136,13 @@ def test_a_fallback_whose_cluster_is_missing_gets_envoys_503(envoy_factory, simu
     envoy = envoy_factory(None, bootstrap=boot)
     key = new_key()
     sim.scenario({"mode": "rate_limited", "retry_after_s": 20, "count": 1, "keys": [key]})
-    assert requests.post(envoy.url + "/v1/chat/completions", json=CHAT,
-                         headers={"authorization": f"Bearer {key}"}, timeout=10).status_code == 429
-    r = requests.post(envoy.url + "/v1/chat/completions", json=CHAT,
-                      headers={"authorization": f"Bearer {key}"}, timeout=10)
+    assert post(envoy, key).status_code == 429
+    r = post(envoy, key)
     assert r.status_code == 503
     assert "x-llm-governor-class" not in r.headers, "Envoy's own 503 is not governed"
 
 
 def test_an_invalid_fallback_is_refused_at_load_naming_the_field(simulator):
-    from harness import Envoy
-
     bad = {"pools": [{"name": "a", "fallback": ["b"]}, {"name": "b", "fallback": ["a"]}]}
     failure = Envoy(bad, upstream_port=simulator.port).start_expecting_failure()
     assert "llm_governor: invalid configuration: pools[0].fallback: cycle" in failure.log, failure.log[-2000:]

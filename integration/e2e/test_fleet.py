@@ -11,16 +11,16 @@ a paused process (SIGSTOP) stands in for a slow one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-import uuid
 
 import pytest
 import requests
 
 from fleet_rig import (LIMITADOR_SERVER, REAL_SERVER, RLS_BINARY, RLS_CLUSTER, Redis, fleet_envoy,
                        limits_file, rls_service, validate_limits)
-from harness import REPO_ROOT, Envoy, envoy_bootstrap, governor_filter
+from harness import REPO_ROOT, Envoy, envoy_bootstrap, governor_filter, new_key, post
 
 pytestmark = [
     pytest.mark.skipif(not REAL_SERVER and not RLS_BINARY.exists(),
@@ -59,41 +59,46 @@ def body(max_tokens: int = 16) -> dict:
     return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def post(envoy, tenant: str, key: str, max_tokens: int = 16, timeout: float = 10.0, **headers):
-    return requests.post(
-        envoy.url + "/v1/chat/completions",
-        json=body(max_tokens),
-        headers={"x-tenant-id": tenant, "authorization": "Bearer " + key, **headers},
-        timeout=timeout,
-    )
+def tenant_post(envoy, tenant: str, key: str, max_tokens: int = 16, **headers):
+    """One request of `tenant` (x-tenant-id), the fleet limits' key."""
+    return post(envoy, key, body=body(max_tokens), headers={"x-tenant-id": tenant, **headers}, timeout=10.0)
+
+
+def new_tenant() -> str:
+    return new_key("t")
 
 
 class Fleet:
-    """Redis, two services on it, and three Envoys: 0 and 2 ask service A, 1 asks service B."""
+    """Redis, two services on it, and three Envoys: 0 and 2 ask service A, 1 asks service B. A
+    `with` block starts them and always stops and removes them, Envoys first."""
 
     def __init__(self, sim, config: dict, rls_args: tuple = ()):
+        self.sim = sim
         self.config = config
-        self.redis = Redis().start()
-        self.services = [rls_service(self.redis, limits_file(config), list(rls_args)).start() for _ in range(2)]
-        self.envoys = [fleet_envoy(config, sim.port, self.services[i % 2].port).start() for i in range(3)]
+        self.rls_args = list(rls_args)
+        self._started = contextlib.ExitStack()
+
+    def __enter__(self) -> "Fleet":
+        with contextlib.ExitStack() as stack:
+            self.redis = stack.enter_context(Redis())
+            self.services = [stack.enter_context(rls_service(self.redis, limits_file(self.config), self.rls_args))
+                             for _ in range(2)]
+            self.envoys = [stack.enter_context(fleet_envoy(self.config, self.sim.port, self.services[i % 2].port))
+                           for i in range(3)]
+            self._started = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._started.__exit__(*exc)
 
     def stat(self, name: str) -> int:
-        return sum(int(e.stat(f"llm_governor.pool.openai.{name}", 0)) for e in self.envoys if e.running)
-
-    def close(self) -> None:
-        for e in self.envoys:
-            e.stop(check=False)
-            e.cleanup()
-        for s in self.services:
-            s.stop()
-        self.redis.stop()
+        return sum(e.pool_stat("openai", name) for e in self.envoys if e.running)
 
 
 @pytest.fixture(scope="module")
 def fleet(simulator):
-    f = Fleet(simulator, CONFIG)
-    yield f
-    f.close()
+    with Fleet(simulator, CONFIG) as f:
+        yield f
 
 
 def spread(fleet, tenant, key, n, max_tokens=16):
@@ -102,7 +107,7 @@ def spread(fleet, tenant, key, n, max_tokens=16):
 
     def run(envoy, count):
         for _ in range(count):
-            r = post(envoy, tenant, key, max_tokens)
+            r = tenant_post(envoy, tenant, key, max_tokens)
             with lock:
                 replies.append(r)
 
@@ -141,25 +146,17 @@ def test_reservations_on_limitador_server_are_errors_the_fallback_decides(simula
     let through unchecked; request budgets (ShouldRateLimit) are not affected."""
     config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "on_error": "local",
                                   "reservations": True}}
-    redis = Redis().start()
-    service = rls_service(redis, limits_file(config)).start()
-    envoy = fleet_envoy(config, sim.port, service.port).start()
-    try:
-        key = "sk-" + uuid.uuid4().hex
-        statuses = [post(envoy, "t-" + uuid.uuid4().hex[:8], key).status_code for _ in range(3)]
+    with Redis() as redis, rls_service(redis, limits_file(config)) as service, \
+            fleet_envoy(config, sim.port, service.port) as envoy:
+        key = new_key()
+        statuses = [tenant_post(envoy, new_tenant(), key).status_code for _ in range(3)]
         assert statuses == [200, 200, 200]
-        stat = lambda n: int(envoy.stat(f"llm_governor.pool.openai.{n}", 0))  # noqa: E731
-        assert stat("fleet_errors") == 3 and stat("fleet_fallback") == 3
-        assert stat("fleet_calls_ok") >= 3  # the request budget's ShouldRateLimit
-    finally:
-        envoy.stop(check=False)
-        envoy.cleanup()
-        service.stop()
-        redis.stop()
+        assert envoy.pool_stat("openai", "fleet_errors") == 3 and envoy.pool_stat("openai", "fleet_fallback") == 3
+        assert envoy.pool_stat("openai", "fleet_calls_ok") >= 3  # the request budget's ShouldRateLimit
 
 
 def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
-    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    tenant, key = new_tenant(), new_key()
     replies = spread(fleet, tenant, key, 3 * RPM)
     ok = [r for r in replies if r.status_code == 200]
     refused = [r for r in replies if r.status_code == 429]
@@ -182,16 +179,16 @@ def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
 
 
 def test_a_tenants_quota_holds_whichever_replica_serves_it(fleet, sim):
-    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    tenant, key = new_tenant(), new_key()
     # All of the budget through one replica, then the others find it spent.
     for _ in range(RPM):
-        assert post(fleet.envoys[0], tenant, key).status_code == 200
+        assert tenant_post(fleet.envoys[0], tenant, key).status_code == 200
     for envoy in fleet.envoys:
-        r = post(envoy, tenant, key)
+        r = tenant_post(envoy, tenant, key)
         assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
     # Another tenant's budget is its own.
-    other = "t-" + uuid.uuid4().hex[:8]
-    assert post(fleet.envoys[1], other, key).status_code == 200
+    other = new_tenant()
+    assert tenant_post(fleet.envoys[1], other, key).status_code == 200
     assert len(sim.requests_for(key)) == RPM + 1
 
 
@@ -202,7 +199,7 @@ def test_a_token_budget_with_concurrent_reservations_is_exact(fleet, sim):
     instead, by ShouldRateLimit's check-then-increment: one more per other concurrent check
     can pass, as for request budgets."""
     sim.scenario({"latency_ms": 1500})
-    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    tenant, key = new_tenant(), new_key()
     replies = spread(fleet, tenant, key, 9, max_tokens=1000)
     ok = [r for r in replies if r.status_code == 200]
     seen = len(sim.requests_for(key))
@@ -221,7 +218,7 @@ def test_what_the_service_says_of_each_commit_is_counted(fleet, sim):
     envoy = fleet.envoys[2]
 
     def ok() -> int:
-        return sum(int(envoy.stat(f"llm_governor.pool.{p}.fleet_calls_ok", 0)) for p in ("openai", "default"))
+        return sum(envoy.pool_stat(p, "fleet_calls_ok") for p in ("openai", "default"))
 
     def settled() -> int:
         last = ok()
@@ -233,10 +230,10 @@ def test_what_the_service_says_of_each_commit_is_counted(fleet, sim):
             last = now
         return last
 
-    tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    tenant, key = new_tenant(), new_key()
     before = settled()
     for _ in range(3):
-        assert post(envoy, tenant, key).status_code == 200
+        assert tenant_post(envoy, tenant, key).status_code == 200
     deadline = time.monotonic() + 5
     while ok() < before + 9 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -252,37 +249,29 @@ def test_a_fleet_refusal_with_a_short_wait_is_held_not_answered(simulator, sim):
         "limits": [{"name": "slow", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}],
     }
     limits = limits_file(config).replace("seconds: 60", "seconds: 2")
-    redis = Redis().start()
-    service = rls_service(redis, limits).start()
-    envoy = fleet_envoy(config, sim.port, service.port).start()
-    try:
-        key = "sk-" + uuid.uuid4().hex
-        first = post(envoy, "t", key, **{"x-stainless-timeout": "10"})
+    with Redis() as redis, rls_service(redis, limits) as service, \
+            fleet_envoy(config, sim.port, service.port) as envoy:
+        key = new_key()
+        first = tenant_post(envoy, "t", key, **{"x-stainless-timeout": "10"})
         started = time.monotonic()
-        second = post(envoy, "t", key, **{"x-stainless-timeout": "10"})
+        second = tenant_post(envoy, "t", key, **{"x-stainless-timeout": "10"})
         waited = time.monotonic() - started
         assert first.status_code == 200 and second.status_code == 200
         assert "x-llm-governor-held-ms" in second.headers
         assert 0.5 < waited < 4.0
         assert len(sim.requests_for(key)) == 2
-    finally:
-        envoy.stop(check=False)
-        envoy.cleanup()
-        service.stop()
-        redis.stop()
 
 
 def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, sim):
     """Redis gone: the service answers UNAVAILABLE, the fallback (this Envoy's own bucket of the
     same rate) decides and is counted; Redis back: fleet decisions resume, no restart."""
-    f = Fleet(sim, CONFIG)
-    try:
-        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
-        assert post(f.envoys[0], tenant, key).status_code == 200
+    with Fleet(sim, CONFIG) as f:
+        tenant, key = new_tenant(), new_key()
+        assert tenant_post(f.envoys[0], tenant, key).status_code == 200
         ok_before = f.stat("fleet_calls_ok")
         f.redis.stop()
         started = time.monotonic()
-        during = [post(e, tenant, key) for e in f.envoys for _ in range(2)]
+        during = [tenant_post(e, tenant, key) for e in f.envoys for _ in range(2)]
         elapsed = time.monotonic() - started
         assert all(r.status_code == 200 for r in during), [r.status_code for r in during]
         assert elapsed < 6 * 1.5, "requests waited past the fleet timeout"
@@ -294,29 +283,26 @@ def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, 
         back = time.monotonic()
         deadline = back + (180 if REAL_SERVER else 15)
         while time.monotonic() < deadline:
-            post(f.envoys[1], tenant, key)
+            tenant_post(f.envoys[1], tenant, key)
             if f.stat("fleet_calls_ok") > ok_before + 2:
                 break
             time.sleep(0.3)
         assert f.stat("fleet_calls_ok") > ok_before + 2, "fleet decisions did not resume"
         print(f"fleet decisions resumed {time.monotonic() - back:.1f} s after Redis came back")
-    finally:
-        f.close()
 
 
 def test_a_service_slower_than_the_timeout_never_holds_a_request_past_it(simulator, sim):
     config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 100, "reservations": RESERVATIONS}}
     # The fixture answers 1 s late; limitador-server, which cannot, is paused (never answers).
-    f = Fleet(sim, config, rls_args=() if REAL_SERVER else ("--delay-ms", "1000"))
-    if REAL_SERVER:
-        for s in f.services:
-            s.pause()
-    try:
-        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
+    with Fleet(sim, config, rls_args=() if REAL_SERVER else ("--delay-ms", "1000")) as f:
+        if REAL_SERVER:
+            for s in f.services:
+                s.pause()
+        tenant, key = new_tenant(), new_key()
         times = []
         for envoy in f.envoys:
             started = time.monotonic()
-            r = post(envoy, tenant, key)
+            r = tenant_post(envoy, tenant, key)
             times.append(time.monotonic() - started)
             assert r.status_code == 200
         # The fallback decided each within the timeout (plus the provider's own time).
@@ -324,45 +310,37 @@ def test_a_service_slower_than_the_timeout_never_holds_a_request_past_it(simulat
         assert f.stat("fleet_errors") >= 3 and f.stat("fleet_fallback") >= 3
         # The local fallback is the limit's own rate, per Envoy: 12 more through one Envoy
         # are refused at the 13th.
-        statuses = [post(f.envoys[0], tenant, key).status_code for _ in range(RPM)]
+        statuses = [tenant_post(f.envoys[0], tenant, key).status_code for _ in range(RPM)]
         assert statuses.count(429) >= 1, statuses
-    finally:
-        f.close()
 
 
 @fixture_only("fault injection (the fixture's --answer garbage)")
 def test_a_service_answering_garbage_is_an_error_handled_by_the_fallback(simulator, sim):
     config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "on_error": "deny",
                                   "reservations": RESERVATIONS}}
-    f = Fleet(sim, config, rls_args=("--answer", "garbage"))
-    try:
-        key = "sk-" + uuid.uuid4().hex
-        r = post(f.envoys[0], "t", key)
+    with Fleet(sim, config, rls_args=("--answer", "garbage")) as f:
+        key = new_key()
+        r = tenant_post(f.envoys[0], "t", key)
         assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
         assert len(sim.requests_for(key)) == 0
         assert f.stat("fleet_errors") >= 1 and f.stat("fleet_fallback") >= 1
         assert all(e.running for e in f.envoys)
-    finally:
-        f.close()
 
 
 def test_one_envoy_killed_mid_request_leaves_the_fleet_serving_its_budget(simulator, sim):
-    f = Fleet(sim, CONFIG)
-    try:
+    with Fleet(sim, CONFIG) as f:
         sim.scenario({"latency_ms": 2000})
-        tenant, key = "t-" + uuid.uuid4().hex[:8], "sk-" + uuid.uuid4().hex
-        t = threading.Thread(target=lambda: _swallow(lambda: post(f.envoys[1], tenant, key)))
+        tenant, key = new_tenant(), new_key()
+        t = threading.Thread(target=lambda: _swallow(lambda: tenant_post(f.envoys[1], tenant, key)))
         t.start()
         time.sleep(0.8)  # admitted by the fleet, upstream now
         f.envoys[1].proc.kill()
         t.join(10)
         sim.scenario({})
-        statuses = [post(e, tenant, key).status_code for e in (f.envoys[0], f.envoys[2]) for _ in range(RPM)]
+        statuses = [tenant_post(e, tenant, key).status_code for e in (f.envoys[0], f.envoys[2]) for _ in range(RPM)]
         # The killed Envoy's request was counted: the survivors serve the rest of the budget.
         assert statuses.count(200) == RPM - 1, statuses
         assert len(sim.requests_for(key)) == RPM
-    finally:
-        f.close()
 
 
 def _swallow(f):
@@ -386,8 +364,6 @@ def test_the_shipped_limitador_limits_match_the_shipped_fleet_config():
     import json
 
     import yaml
-
-    from harness import REPO_ROOT
 
     envoy = yaml.safe_load((REPO_ROOT / "envoy" / "fleet.yaml").read_text())
     hcm = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
-import requests
-
-from harness import Envoy, envoy_bootstrap
+from harness import Envoy, envoy_bootstrap, new_key, post
 
 
 def test_bare_envoys_run_side_by_side_and_proxy_to_the_simulator(envoy_factory, sim):
@@ -14,14 +10,9 @@ def test_bare_envoys_run_side_by_side_and_proxy_to_the_simulator(envoy_factory, 
     second = envoy_factory(None)
     assert first.port != second.port and first.admin_port != second.admin_port
 
-    key = f"sk-harness-{uuid.uuid4().hex[:8]}"
+    key = new_key("sk-harness")
     for envoy in (first, second):
-        r = requests.post(
-            envoy.url + "/v1/chat/completions",
-            headers={"authorization": f"Bearer {key}"},
-            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
-            timeout=10,
-        )
+        r = post(envoy, key)
         assert r.status_code == 200, r.text
         assert r.headers.get("server") == "envoy"
         assert envoy.stats()["cluster.provider.upstream_rq_200"] == 1

@@ -1,4 +1,4 @@
-"""End-to-end: the gateway owns the spacing (issue 8). A request that meets a cooldown, an empty
+"""End-to-end: the gateway owns the spacing. A request that meets a cooldown, an empty
 bucket or a full `max_in_flight` cap is held in Envoy while the wait fits the client's deadline,
 released at the provider's pace, and answered locally only when it cannot wait.
 
@@ -8,68 +8,24 @@ many at once) or what the client got; timing is judged from the client's own clo
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
 import time
-import uuid
 
 import anthropic
 import openai
 import pytest
 
-from harness import NATIVE, envoy_bootstrap, governor_filter
+from harness import CHAT, NATIVE, cool, envoy_bootstrap, governor_filter, new_key, post, wait_for
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
     {"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"},
 ]
 CONFIG = {"pools": POOLS}
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def new_key(prefix: str = "sk-hold") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def post(envoy, key: str, path: str = "/v1/chat/completions", headers: dict | None = None, timeout: float = 30):
-    """One request on its own connection: (status, headers, body, seconds)."""
-    conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=timeout)
-    started = time.monotonic()
-    try:
-        conn.request(
-            "POST",
-            path,
-            body=json.dumps(CHAT),
-            headers={"content-type": "application/json", "authorization": f"Bearer {key}", **(headers or {})},
-        )
-        r = conn.getresponse()
-        body = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, body, time.monotonic() - started
-    finally:
-        conn.close()
-
-
-def cool(sim, envoy, key: str, seconds: float) -> None:
-    """One upstream 429 with `retry-after: seconds` for `key`: the account cools for that long."""
-    sim.scenario({"mode": "rate_limited", "retry_after_s": seconds, "count": 1, "keys": [key]})
-    status, headers, _, _ = post(envoy, key)
-    assert status == 429 and headers.get("x-llm-governor-source") == "upstream", headers
-    sim.scenario({"mode": "ok"})
-
-
-def stat(envoy, name: str, pool: str = "openai") -> int:
-    return int(envoy.stat(f"llm_governor.pool.{pool}.{name}") or 0)
-
-
-def wait_for(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+# How long a wait for the held or in-flight count to settle may take.
+SETTLE_S = 5.0
 
 
 @pytest.fixture
@@ -105,8 +61,8 @@ def test_a_60s_sdk_client_is_held_through_a_cooldown_and_succeeds_with_one_upstr
     # 26 ms in 3 s on a 2-vCPU VM) shows whole.
     assert (2_960 if NATIVE else 2_990) <= gap_ms <= 3_300, gap_ms
     assert 0 < held_ms <= gap_ms, (held_ms, gap_ms)
-    assert stat(governor, "held") == 1 and stat(governor, "hold_released") == 1
-    assert wait_for(lambda: stat(governor, "held_requests") == 0)
+    assert governor.pool_stat("openai", "held") == 1 and governor.pool_stat("openai", "hold_released") == 1
+    assert wait_for(lambda: governor.pool_stat("openai", "held_requests") == 0, SETTLE_S)
 
 
 def test_a_3s_client_meeting_a_5s_cooldown_is_answered_at_once(governor, sim):
@@ -122,7 +78,7 @@ def test_a_3s_client_meeting_a_5s_cooldown_is_answered_at_once(governor, sim):
     assert "x-llm-governor-held-ms" not in headers
     assert 0 < int(headers["retry-after-ms"]) <= 5_000 * 1.2
     assert [q["status"] for q in sim.requests_for(key)] == [429]
-    assert stat(governor, "held") == 0
+    assert governor.pool_stat("openai", "held") == 0
 
 
 def test_the_anthropic_sdk_is_held_too(governor, sim):
@@ -142,23 +98,23 @@ def test_the_anthropic_sdk_is_held_too(governor, sim):
 def test_quota_exhaustion_is_never_held(governor, sim):
     key = new_key()
     sim.scenario({"mode": "quota", "count": 1, "keys": [key]})
-    assert post(governor, key)[0] == 429
+    assert post(governor, key).status_code == 429
     sim.scenario({"mode": "ok"})
-    status, headers, _, seconds = post(governor, key)
-    assert status == 429 and seconds < 0.5, (status, seconds)
-    assert headers["x-should-retry"] == "false"
-    assert headers["x-llm-governor-class"] == "quota_exhausted"
-    assert "x-llm-governor-held-ms" not in headers
+    r = post(governor, key)
+    assert r.status_code == 429 and r.elapsed.total_seconds() < 0.5, (r.status_code, r.elapsed)
+    assert r.headers["x-should-retry"] == "false"
+    assert r.headers["x-llm-governor-class"] == "quota_exhausted"
+    assert "x-llm-governor-held-ms" not in r.headers
     assert len(sim.requests_for(key)) == 1
-    assert stat(governor, "held") == 0
+    assert governor.pool_stat("openai", "held") == 0
 
 
 def test_a_wait_longer_than_max_ms_is_answered_at_once(governor, sim):
     key = new_key()
     cool(sim, governor, key, 15)  # hold.max_ms is 10 s by default
-    status, headers, _, seconds = post(governor, key)
-    assert status == 429 and seconds < 0.5
-    assert headers["x-llm-governor-source"] == "cooldown"
+    r = post(governor, key)
+    assert r.status_code == 429 and r.elapsed.total_seconds() < 0.5
+    assert r.headers["x-llm-governor-source"] == "cooldown"
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,12 +144,12 @@ def test_held_requests_reach_the_provider_in_arrival_order_one_probe_first(envoy
         time.sleep(0.05)  # arrival order = i
     for t in threads:
         t.join(20)
-    assert all(results[i][0] == 200 for i in range(6)), {i: r[0] for i, r in results.items()}
+    assert all(results[i].status_code == 200 for i in range(6)), {i: r.status_code for i, r in results.items()}
     upstream = [q for q in sim.requests()["requests"] if q["key"].startswith(f"{key}-seq")]
     assert [q["key"] for q in upstream] == [f"{key}-seq{i}" for i in range(6)]
     # One at a time, as the provider's remaining said: nothing else was in flight at arrival.
     assert [q["in_flight"] for q in upstream] == [0] * 6
-    assert all(int(results[i][1]["x-llm-governor-held-ms"]) > 1_000 for i in range(6))
+    assert all(int(results[i].headers["x-llm-governor-held-ms"]) > 1_000 for i in range(6))
 
 
 def test_a_new_cooldown_keeps_the_rest_held_and_costs_one_provider_429_per_round(envoy_factory, sim):
@@ -202,7 +158,7 @@ def test_a_new_cooldown_keeps_the_rest_held_and_costs_one_provider_429_per_round
     # The provider keeps saying "not now" for 2.5 s, in 1 s steps.
     sim.scenario({"mode": "rate_limited", "retry_after_s": 1, "until_ms": 2_500, "keys": [key]})
     first = post(envoy, key)
-    assert first[0] == 429
+    assert first.status_code == 429
     results = []
 
     def send() -> None:
@@ -219,9 +175,9 @@ def test_a_new_cooldown_keeps_the_rest_held_and_costs_one_provider_429_per_round
     # nothing is replayed), and the probe at ~3 s succeeds and opens the pace for the rest.
     probes_refused = statuses.count(429) - 1
     assert 1 <= probes_refused <= 3, statuses
-    assert sorted(r[0] for r in results) == [200] * (8 - probes_refused) + [429] * probes_refused
+    assert sorted(r.status_code for r in results) == [200] * (8 - probes_refused) + [429] * probes_refused
     assert statuses.count(200) == 8 - probes_refused
-    assert all(int(r[1]["x-llm-governor-held-ms"]) > 500 for r in results if r[0] == 200)
+    assert all(int(r.headers["x-llm-governor-held-ms"]) > 500 for r in results if r.status_code == 200)
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,21 +196,21 @@ def test_past_max_held_requests_are_answered_at_once(envoy_factory, sim):
     threads = [threading.Thread(target=send) for _ in range(2)]
     for t in threads:
         t.start()
-    assert wait_for(lambda: stat(envoy, "held_requests") == 2)
-    status, headers, _, seconds = post(envoy, key)
-    assert status == 429 and seconds < 0.5 and headers["x-llm-governor-source"] == "cooldown"
+    assert wait_for(lambda: envoy.pool_stat("openai", "held_requests") == 2, SETTLE_S)
+    r = post(envoy, key)
+    assert r.status_code == 429 and r.elapsed.total_seconds() < 0.5 and r.headers["x-llm-governor-source"] == "cooldown"
     for t in threads:
         t.join(10)
-    assert sorted(r[0] for r in results) == [200, 200]
+    assert sorted(r.status_code for r in results) == [200, 200]
 
 
 def test_hold_off_answers_locally_as_before(envoy_factory, sim):
     envoy = envoy_factory({"pools": POOLS, "hold": {"max_ms": 0}})
     key = new_key()
     cool(sim, envoy, key, 2)
-    status, headers, _, seconds = post(envoy, key)
-    assert status == 429 and seconds < 0.5 and headers["x-llm-governor-source"] == "cooldown"
-    assert stat(envoy, "held") == 0
+    r = post(envoy, key)
+    assert r.status_code == 429 and r.elapsed.total_seconds() < 0.5 and r.headers["x-llm-governor-source"] == "cooldown"
+    assert envoy.pool_stat("openai", "held") == 0
 
 
 def test_clients_that_leave_while_held_leave_nothing(governor, sim):
@@ -270,16 +226,16 @@ def test_clients_that_leave_while_held_leave_nothing(governor, sim):
             + body
         )
         socks.append(s)
-    assert wait_for(lambda: stat(governor, "held_requests") == 5)
+    assert wait_for(lambda: governor.pool_stat("openai", "held_requests") == 5, SETTLE_S)
     for s in socks:
         s.close()
-    assert wait_for(lambda: stat(governor, "held_requests") == 0)
-    assert wait_for(lambda: int(governor.stat("http.llm_gateway.downstream_rq_active", 0) or 0) == 0)
+    assert wait_for(lambda: governor.pool_stat("openai", "held_requests") == 0, SETTLE_S)
+    assert wait_for(lambda: int(governor.stat("http.llm_gateway.downstream_rq_active", 0) or 0) == 0, SETTLE_S)
     time.sleep(3.2)  # past the cooldown: nothing is sent upstream for them
     assert [q["status"] for q in sim.requests_for(key)] == [429]
     # The account is not stuck: its next request is the probe and goes at once.
-    status, headers, _, seconds = post(governor, key)
-    assert status == 200 and seconds < 1.0, headers
+    r = post(governor, key)
+    assert r.status_code == 200 and r.elapsed.total_seconds() < 1.0, r.headers
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,12 +277,12 @@ def test_max_in_flight_is_exact_across_workers_and_callers_wait_instead_of_429(e
     upstream = sim.requests_for(key)
     assert not client_errors, client_errors[:3]
     assert len(done) == 60
-    contention = stat(envoy, "store_contention")
+    contention = envoy.pool_stat("openai", "store_contention")
     assert report["max_in_flight_by_key"][key] <= 8, (report["max_in_flight_by_key"], f"store_contention {contention}")
     assert report["max_in_flight_by_key"][key] >= 6, "the cap was never approached: no contention tested"
     assert [q["status"] for q in upstream] == [200] * 60
-    assert wait_for(lambda: stat(envoy, "in_flight") == 0)
-    assert stat(envoy, "held") > 0
+    assert wait_for(lambda: envoy.pool_stat("openai", "in_flight") == 0, SETTLE_S)
+    assert envoy.pool_stat("openai", "held") > 0
 
 
 def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factory, sim):
@@ -336,7 +292,7 @@ def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factor
     key = new_key()
     sim.scenario({"mode": "ok", "latency_ms": 2_000})
     # Timeout: Envoy's own 504.
-    assert post(envoy, key)[0] == 504
+    assert post(envoy, key).status_code == 504
     # Client reset while upstream.
     s = socket.create_connection(("127.0.0.1", envoy.port))
     body = json.dumps(CHAT).encode()
@@ -349,23 +305,23 @@ def test_in_flight_slots_come_back_however_a_stream_ends(simulator, envoy_factor
     s.close()
     # Complete, and an upstream error.
     sim.scenario({"mode": "ok"})
-    assert post(envoy, key)[0] == 200
+    assert post(envoy, key).status_code == 200
     sim.scenario({"mode": "error", "status": 500, "count": 1, "keys": [key]})
-    assert post(envoy, key)[0] == 500
+    assert post(envoy, key).status_code == 500
     sim.scenario({"mode": "ok", "latency_ms": 700})
-    assert wait_for(lambda: stat(envoy, "in_flight") == 0)
+    assert wait_for(lambda: envoy.pool_stat("openai", "in_flight") == 0, SETTLE_S)
     # Both slots are free: two at once go, the third is answered locally (hold is off here).
     results = []
     threads = [threading.Thread(target=lambda: results.append(post(envoy, key))) for _ in range(2)]
     for t in threads:
         t.start()
     time.sleep(0.3)
-    status, headers, _, _ = post(envoy, key)
+    r = post(envoy, key)
     for t in threads:
         t.join(10)
-    assert sorted(r[0] for r in results) == [200, 200]
-    assert status == 429 and headers["x-llm-governor-source"] == "limit", headers
-    assert wait_for(lambda: stat(envoy, "in_flight") == 0)
+    assert sorted(q.status_code for q in results) == [200, 200]
+    assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit", r.headers
+    assert wait_for(lambda: envoy.pool_stat("openai", "in_flight") == 0, SETTLE_S)
 
 
 def test_sdk_retries_are_counted_from_x_stainless_retry_count(governor, sim):
@@ -374,5 +330,5 @@ def test_sdk_retries_are_counted_from_x_stainless_retry_count(governor, sim):
     client = openai.OpenAI(base_url=governor.url + "/v1", api_key=key, timeout=30, max_retries=2)
     assert client.chat.completions.create(**CHAT).choices[0].message.content
     assert [q["status"] for q in sim.requests_for(key)] == [429, 200]
-    assert stat(governor, "client_retries") == 1
-    assert stat(governor, "succeeded_after_retry") == 1
+    assert governor.pool_stat("openai", "client_retries") == 1
+    assert governor.pool_stat("openai", "succeeded_after_retry") == 1

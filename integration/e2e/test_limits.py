@@ -1,4 +1,4 @@
-"""End-to-end: local token-bucket budgets shared across Envoy workers (issue 3, items 3, 4, 5).
+"""End-to-end: local token-bucket budgets shared across Envoy workers.
 
 A tenant with `burst: 5` hammered from several connections at once (so every worker takes from
 the same shared bucket) is admitted 5 to 5 + workers - 1 times, never more: the only slack the
@@ -19,15 +19,12 @@ import json
 import math
 import re
 import time
-import uuid
 
 import pytest
 
-from harness import post_concurrently
+from harness import new_key, post_concurrently, request_in
 
 POOLS = [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]
-PATH = "/v1/chat/completions"
-BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 
 BURST = 5
 PER_MINUTE = 60
@@ -47,19 +44,11 @@ ROUNDS = 4
 OBSERVED: dict = {}
 
 
-def fresh(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
 def job(api_key: str, tenant: str = None):
-    headers = {"authorization": f"Bearer {api_key}"}
+    path, headers, body = request_in("openai", api_key)
     if tenant is not None:
         headers["x-tenant-id"] = tenant
-    return PATH, headers, BODY
-
-
-def counter(envoy, pool: str, name: str) -> int:
-    return int(envoy.stat(f"llm_governor.pool.{pool}.{name}") or 0)
+    return path, headers, body
 
 
 def refilled(replies, per_minute: int) -> int:
@@ -108,8 +97,8 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
     rejected_total = 0
 
     for _ in range(ROUNDS):
-        api_key, tenant = fresh("sk-lim"), fresh("tenant")
-        contention_before = counter(envoy, "openai", "store_contention")
+        api_key, tenant = new_key("sk-lim"), new_key("tenant")
+        contention_before = envoy.pool_stat("openai", "store_contention")
         replies = post_concurrently(
             envoy.url, [[job(api_key, tenant)] * HAMMER_PER_CONNECTION for _ in range(HAMMER_CONNECTIONS)]
         )
@@ -121,7 +110,7 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
         assert len(upstream) == len(admitted), "a rejected request reached the upstream, or an admitted one did not"
         assert all(q["status"] == 200 for q in upstream)
         slack = refilled(replies, PER_MINUTE)
-        contended = counter(envoy, "openai", "store_contention") - contention_before
+        contended = envoy.pool_stat("openai", "store_contention") - contention_before
         note = "".join([f" (+{slack} refilled)" if slack else "", f" (+{contended} fail-open)" if contended else ""])
         rounds.append(f"{len(admitted)}{note}" if note else len(admitted))
         assert BURST <= len(admitted) <= BURST + concurrency - 1 + slack + contended, (
@@ -146,9 +135,9 @@ def test_burst_holds_across_workers(envoy_factory, sim, concurrency):
 
     workers = envoy.worker_connections()
     assert sum(1 for n in workers.values() if n > 0) >= 2, f"the hammer did not spread over workers: {workers}"
-    assert counter(envoy, "openai", "local_reject_limit") == rejected_total
+    assert envoy.pool_stat("openai", "local_reject_limit") == rejected_total
     print(f"\n--concurrency {concurrency}: admitted {rounds}; connections by worker {workers}; "
-          f"store_contention {counter(envoy, 'openai', 'store_contention')}")
+          f"store_contention {envoy.pool_stat('openai', 'store_contention')}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +149,7 @@ SLOW = {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute"
 
 def test_requests_without_the_header_share_one_bucket(envoy_factory, sim):
     envoy = envoy_factory({"pools": POOLS, "limits": [SLOW], "hold": NO_HOLD}, concurrency=2)
-    api_keys = [fresh("sk-nohdr") for _ in range(6)]
+    api_keys = [new_key("sk-nohdr") for _ in range(6)]
 
     # One request at a time, each on its own connection (so on either worker), each from a
     # different account: all count against the same `-` bucket.
@@ -174,7 +163,7 @@ def test_requests_without_the_header_share_one_bucket(envoy_factory, sim):
     assert sum(len(sim.requests_for(k)) for k in api_keys) == 3
 
     # A tenant that does send the header has its own bucket.
-    (tenant_reply,) = post_concurrently(envoy.url, [[job(fresh("sk-hdr"), fresh("tenant"))]])
+    (tenant_reply,) = post_concurrently(envoy.url, [[job(new_key("sk-hdr"), new_key("tenant"))]])
     assert tenant_reply.status == 200
 
 
@@ -188,21 +177,21 @@ OVERFLOW_PHASE = 450
 
 def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
     envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": MAX_KEYS, "hold": NO_HOLD}, concurrency=2)
-    first_key, overflow_key = fresh("sk-own"), fresh("sk-over")
-    first_tenants = [fresh("t-own") for _ in range(OWN_KEYS_PHASE)]
-    overflow_tenants = [fresh("t-over") for _ in range(OVERFLOW_PHASE)]
+    first_key, overflow_key = new_key("sk-own"), new_key("sk-over")
+    first_tenants = [new_key("t-own") for _ in range(OWN_KEYS_PHASE)]
+    overflow_tenants = [new_key("t-over") for _ in range(OVERFLOW_PHASE)]
 
     # The first max_keys tenants, one at a time: each gets a bucket of its own.
     own = post_concurrently(envoy.url, [[job(first_key, t) for t in first_tenants]])
     assert [r.status for r in own] == [200] * OWN_KEYS_PHASE
-    assert counter(envoy, "openai", "overflow_keys") == 0
+    assert envoy.pool_stat("openai", "overflow_keys") == 0
 
     # 450 more distinct tenants, one request each, from 8 connections at once.
-    contention_before = counter(envoy, "openai", "store_contention")
+    contention_before = envoy.pool_stat("openai", "store_contention")
     lanes = [overflow_tenants[i::HAMMER_CONNECTIONS] for i in range(HAMMER_CONNECTIONS)]
     replies = post_concurrently(envoy.url, [[job(overflow_key, t) for t in lane] for lane in lanes])
     assert len(replies) == OVERFLOW_PHASE
-    overflowed = counter(envoy, "openai", "overflow_keys")
+    overflowed = envoy.pool_stat("openai", "overflow_keys")
     # Every one of them: the key count is at max_keys, so counting a new key writes nothing and
     # cannot be contended; no racing tenant gets a bucket of its own.
     assert overflowed == OVERFLOW_PHASE, f"{overflowed} of {OVERFLOW_PHASE} new tenants overflowed"
@@ -211,7 +200,7 @@ def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
     assert len(sim.requests_for(overflow_key)) == len(admitted)
     # One shared bucket of 5: the first-write race (each worker may create it once), tokens
     # refilled meanwhile (one a minute) and fail-open give-ups are all the slack there is.
-    contended = counter(envoy, "openai", "store_contention") - contention_before
+    contended = envoy.pool_stat("openai", "store_contention") - contention_before
     slack = refilled(replies, SLOW["requests_per_minute"]) + contended
     assert BURST <= len(admitted) <= BURST + envoy.concurrency - 1 + slack, (
         f"{len(admitted)} of {OVERFLOW_PHASE} distinct overflow tenants admitted: they should share one bucket "
@@ -225,16 +214,16 @@ def test_tenants_past_max_keys_share_the_overflow_bucket(envoy_factory, sim):
     # A tenant with its own bucket is not affected by the overflow; a new one is limited at once.
     (own_again,) = post_concurrently(envoy.url, [[job(first_key, first_tenants[0])]])
     assert own_again.status == 200
-    (newcomer,) = post_concurrently(envoy.url, [[job(overflow_key, fresh("t-late"))]])
+    (newcomer,) = post_concurrently(envoy.url, [[job(overflow_key, new_key("t-late"))]])
     assert_limit_answer(newcomer, "tenant-rpm", SLOW["requests_per_minute"], 60_000)
-    assert counter(envoy, "openai", "overflow_keys") == overflowed + 1
+    assert envoy.pool_stat("openai", "overflow_keys") == overflowed + 1
 
 
 def test_tenant_keys_cannot_switch_off_cooldowns(envoy_factory, sim):
     envoy = envoy_factory({"pools": POOLS, "limits": [SLOW | {"burst": BURST}], "max_keys": 20, "hold": NO_HOLD}, concurrency=2)
-    filler, account = fresh("sk-fill"), fresh("sk-cooled")
-    tenant = fresh("t")
-    post_concurrently(envoy.url, [[job(filler, fresh("t-fill")) for _ in range(20)]])
+    filler, account = new_key("sk-fill"), new_key("sk-cooled")
+    tenant = new_key("t")
+    post_concurrently(envoy.url, [[job(filler, new_key("t-fill")) for _ in range(20)]])
     sim.scenario({"mode": "rate_limited", "count": 1, "keys": [account], "retry_after": "seconds", "retry_after_s": 4})
 
     replies = post_concurrently(envoy.url, [[job(account, tenant)] * 3])

@@ -1,4 +1,4 @@
-"""End-to-end checks of the telemetry (issue 4) against a real Envoy and the provider simulator.
+"""End-to-end checks of the telemetry against a real Envoy and the provider simulator.
 
 What an on-call engineer reads: the per-pool gauges in `/stats` and `/stats/prometheus` after
 provider responses with known rate-limit headers (OpenAI and Anthropic dialects), the counters and
@@ -25,7 +25,7 @@ import requests
 
 from conftest import _register, _release, module_envoy
 from harness import (NATIVE, NATIVE_PROMETHEUS_PREFIX, REPO_ROOT, WASM_MODULE, WASM_PROMETHEUS_PREFIX, Envoy,
-                     native_family, prometheus_series, wasm_only)
+                     native_family, new_key, post, prometheus_series, wait_for, wasm_only)
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -70,25 +70,6 @@ governor = pytest.fixture(scope="module", name="governor")(
 # Helpers
 
 
-def new_key(prefix: str = "sk-obs") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def call(envoy: Envoy, dialect: str, key: str, headers: dict = None) -> requests.Response:
-    """One minimal request in the dialect, on a new connection."""
-    extra = dict(headers or {})
-    if dialect == "openai":
-        path = "/v1/chat/completions"
-        h = {"authorization": f"Bearer {key}"}
-        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-    else:
-        path = "/v1/messages"
-        h = {"x-api-key": key, "anthropic-version": "2023-06-01"}
-        body = {"model": "claude-sonnet-4-6", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
-    h.update(extra)
-    return requests.post(envoy.url + path, headers=h, json=body, timeout=10)
-
-
 def stats(envoy: Envoy) -> dict:
     """Every llm_governor counter and gauge by its wasm /stats name (the native module's labelled
     stats under the wasm name of each: `Envoy.governor_stats`)."""
@@ -117,15 +98,6 @@ def prometheus_samples(envoy: Envoy) -> dict:
             series, _, value = line.rpartition(" ")
             out[series] = value
     return out
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result or time.monotonic() >= deadline:
-            return result
-        time.sleep(interval_s)
 
 
 def assert_local_cooldown(r: requests.Response, max_delay_ms: int) -> int:
@@ -183,13 +155,13 @@ ANTHROPIC_RESETS = {"reset_requests_ms": 3000, "reset_tokens_ms": 8000}
 
 def report_openai(sim, envoy) -> None:
     sim.scenario({"ratelimit": OPENAI_REPORTED})
-    r = call(envoy, "openai", new_key())
+    r = post(envoy, new_key(), "openai")
     assert r.status_code == 200 and r.headers["x-ratelimit-remaining-requests"] == "17", dict(r.headers)
 
 
 def report_anthropic(sim, envoy) -> None:
     sim.scenario({"ratelimit": ANTHROPIC_REPORTED})
-    r = call(envoy, "anthropic", new_key("sk-ant-obs"))
+    r = post(envoy, new_key("sk-ant-obs"), "anthropic")
     assert r.status_code == 200 and r.headers["anthropic-ratelimit-requests-remaining"] == "42", dict(r.headers)
 
 
@@ -268,7 +240,7 @@ def test_upstream_429_counts_and_lands_in_the_retry_after_histogram(sim, governo
     before = stats(governor)
     key = new_key()
     sim.scenario({"mode": "rate_limited", "keys": [key], "retry_after": "seconds", "retry_after_s": 2})
-    r = call(governor, "openai", key, {"x-obs-pool": "histo"})
+    r = post(governor, key, "openai", headers={"x-obs-pool": "histo"})
     assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "upstream", dict(r.headers)
     told = int(r.headers["retry-after-ms"])
     assert 2000 <= told <= 2000 * (1 + JITTER) + 1, told
@@ -296,19 +268,19 @@ def test_counters_for_each_class_and_local_answer(sim, governor):
     limited, quota, overloaded = new_key(), new_key(), new_key("sk-ant-obs")
 
     sim.scenario({"mode": "rate_limited", "keys": [limited], "retry_after_s": 5})
-    assert call(governor, "openai", limited).headers.get("x-llm-governor-source") == "upstream"
-    again = call(governor, "openai", limited)
+    assert post(governor, limited, "openai").headers.get("x-llm-governor-source") == "upstream"
+    again = post(governor, limited, "openai")
     assert again.headers.get("x-llm-governor-source") == "cooldown", dict(again.headers)
 
     sim.scenario({"mode": "quota", "keys": [quota]})
-    first = call(governor, "openai", quota)
+    first = post(governor, quota, "openai")
     assert first.headers.get("x-llm-governor-class") == "quota_exhausted", dict(first.headers)
-    second = call(governor, "openai", quota)
+    second = post(governor, quota, "openai")
     assert (second.status_code, second.headers.get("x-llm-governor-source")) == (429, "cooldown")
     assert second.headers.get("x-should-retry") == "false"
 
     sim.scenario({"mode": "overloaded", "keys": [overloaded], "retry_after_s": 5})
-    r = call(governor, "anthropic", overloaded)
+    r = post(governor, overloaded, "anthropic")
     assert (r.status_code, r.headers.get("x-llm-governor-class")) == (529, "overloaded"), dict(r.headers)
 
     after = stats(governor)
@@ -344,7 +316,7 @@ def test_exhausted_counter_names_the_dimension_that_ran_out(sim, governor, diale
     key = new_key()
     sim.scenario({"mode": "rate_limited", "keys": [key], "dimension": dimension, "retry_after_s": 1})
     before = stats(governor)
-    r = call(governor, dialect, key)
+    r = post(governor, key, dialect)
     assert r.status_code == 429 and r.headers.get("x-llm-governor-class") == "rate_limited", dict(r.headers)
     after = stats(governor)
     exhausted = {
@@ -364,7 +336,7 @@ def test_exhausted_counter_names_the_dimension_that_ran_out(sim, governor, diale
 def timed_call(envoy: Envoy, dialect: str, key: str):
     """(response, wall-clock ms just before sending, wall-clock ms once answered)."""
     sent = time.time() * 1000
-    r = call(envoy, dialect, key)
+    r = post(envoy, key, dialect)
     return r, sent, time.time() * 1000
 
 
@@ -423,7 +395,7 @@ def test_zero_remaining_paces_the_next_call_locally_in_both_dialects(sim, govern
     # Jitter only lengthens what clients are told, so at the told delay the reset has passed.
     time.sleep(max(0.0, max(free_at.values()) - time.monotonic()) + 0.2)
     for name, key in keys.items():
-        r = call(governor, name.split("-")[0], key)
+        r = post(governor, key, name.split("-")[0])
         assert r.status_code == 200 and "x-llm-governor-source" not in r.headers, (name, dict(r.headers))
         assert len(sim.requests_for(key)) == 2, name
 
@@ -453,9 +425,9 @@ def test_access_log_records_class_source_and_delay(sim, governor):
     plain, limited = new_key(), new_key()
     ids = {name: uuid.uuid4().hex for name in ("plain", "upstream", "cooldown")}
     sim.scenario({"mode": "rate_limited", "keys": [limited], "retry_after_s": 3})
-    r_plain = call(governor, "openai", plain, {"x-obs-id": ids["plain"]})
-    r_up = call(governor, "openai", limited, {"x-obs-id": ids["upstream"]})
-    r_cool = call(governor, "openai", limited, {"x-obs-id": ids["cooldown"]})
+    r_plain = post(governor, plain, "openai", headers={"x-obs-id": ids["plain"]})
+    r_up = post(governor, limited, "openai", headers={"x-obs-id": ids["upstream"]})
+    r_cool = post(governor, limited, "openai", headers={"x-obs-id": ids["cooldown"]})
     assert r_plain.status_code == 200
     assert r_up.headers.get("x-llm-governor-source") == "upstream", dict(r_up.headers)
     assert r_cool.headers.get("x-llm-governor-source") == "cooldown", dict(r_cool.headers)
@@ -515,7 +487,7 @@ def check_shipped_config(sim, envoy: Envoy) -> None:
     """An Anthropic 429 through envoy/envoy.yaml: its access-log line and its Prometheus line."""
     key = new_key("sk-ant-obs")
     sim.scenario({"mode": "rate_limited", "keys": [key], "retry_after_s": 2})
-    r = call(envoy, "anthropic", key)
+    r = post(envoy, key, "anthropic")
     assert r.headers.get("x-llm-governor-source") == "upstream", dict(r.headers)
 
     def line():
@@ -564,7 +536,7 @@ def test_two_workers_share_pacing_and_gauges_converge(sim, envoy_factory):
     # Every response reports the same values; whichever worker wrote last, the gauge shows them.
     sim.scenario({"ratelimit": ANTHROPIC_REPORTED})
     for _ in range(6):
-        assert call(envoy, "anthropic", new_key("sk-ant-obs"), tenant()).status_code == 200
+        assert post(envoy, new_key("sk-ant-obs"), "anthropic", headers=tenant()).status_code == 200
     s = stats(envoy)
     assert {m: stat(s, "anthropic", m) for m in ANTHROPIC_GAUGES} == ANTHROPIC_GAUGES
     assert f'{prometheus_series("anthropic", "remaining_requests")} 42' in envoy.prometheus().splitlines()
@@ -572,9 +544,9 @@ def test_two_workers_share_pacing_and_gauges_converge(sim, envoy_factory):
     # A cooldown written by one worker paces calls on every worker (new connection each).
     key = new_key()
     sim.scenario({"ratelimit": {"remaining_requests": 0, "reset_requests_ms": 30000}})
-    assert call(envoy, "openai", key, tenant()).status_code == 200
+    assert post(envoy, key, "openai", headers=tenant()).status_code == 200
     for _ in range(6):
-        assert_local_cooldown(call(envoy, "openai", key, tenant()), max_delay_ms=int(30000 * (1 + JITTER)) + 50)
+        assert_local_cooldown(post(envoy, key, "openai", headers=tenant()), max_delay_ms=int(30000 * (1 + JITTER)) + 50)
     assert len(sim.requests_for(key)) == 1
     s = stats(envoy)
     # Counters add across workers.
@@ -584,7 +556,7 @@ def test_two_workers_share_pacing_and_gauges_converge(sim, envoy_factory):
     # Local budgets: the third request of one tenant within the minute is refused locally.
     sim.scenario({"mode": "ok"})
     same = {"x-tenant-id": "t-" + uuid.uuid4().hex}
-    codes = [call(envoy, "openai", new_key(), same) for _ in range(3)]
+    codes = [post(envoy, new_key(), "openai", headers=same) for _ in range(3)]
     assert [r.status_code for r in codes] == [200, 200, 429]
     assert codes[2].headers.get("x-llm-governor-source") == "limit", dict(codes[2].headers)
     assert stat(stats(envoy), "openai", "local_reject_limit") == 1
@@ -610,7 +582,7 @@ def test_alert_rules_use_series_envoy_exports(sim, governor):
     # selects (class="rate_limited"); the other build's are test_alerts.py's business.
     # Envoy creates per-response-class cluster stats on first use (and the native module its
     # labelled stats on its first stream).
-    assert call(governor, "openai", new_key()).status_code == 200
+    assert post(governor, new_key(), "openai").status_code == 200
     names = exported_names(governor)
     text = ALERTS.read_text()
     label_names = {"envoy_cluster_name", "envoy_response_code_class", "envoy_response_code"}
@@ -677,7 +649,7 @@ def test_every_documented_stat_exists_at_zero_from_configuration(envoy_factory):
 def test_docs_describe_every_stat(governor):
     if NATIVE:
         # Native: the labelled stats exist from the module's first stream on.
-        call(governor, "openai", new_key())
+        post(governor, new_key(), "openai")
     doc = DOCS.read_text()
     metrics = sorted({name.split(".")[-1] for name in stats(governor) if ".pool.openai." in name} | {"retry_after_ms"})
     assert len(metrics) >= 23, metrics

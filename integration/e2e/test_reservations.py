@@ -1,4 +1,4 @@
-"""Token budgets that reserve before the call (issue 12), end to end through Envoy with the
+"""Token budgets that reserve before the call, end to end through Envoy with the
 official SDKs, plain and streamed: the estimate plus max_tokens is taken from the bucket before
 the request goes upstream, the reservation is replaced by the provider's usage when the stream
 ends (kept when no usage is reported), a request larger than the bucket is refused for good, and
@@ -17,8 +17,8 @@ import openai
 import pytest
 import requests
 
-from harness import NO_STOP_ITERATION_OPTION, wasm_only
-from harness import RawUpstream, envoy_bootstrap, governor_filter
+from harness import NO_STOP_ITERATION_OPTION, RawUpstream, envoy_bootstrap, governor_filter, wasm_only
+from sdks import complete, tenant_client
 
 BURST = 3000
 CONFIG = {
@@ -36,7 +36,8 @@ CONFIG = {
 }
 # What the simulator reports for every call below: 50 in, 100 out.
 USAGE = 150
-# A one-line prompt's estimate: role, a few words, the message overhead.
+# A one-line prompt, and its estimate: role, a few words, the message overhead.
+PROMPT = "Say hi to the gateway."
 MAX_INPUT = 40
 
 
@@ -52,30 +53,9 @@ def new_tenant() -> str:
 def call(envoy, dialect: str, tenant: str, stream: bool, max_tokens: int, max_retries: int = 0,
          include_usage: bool = True):
     """One SDK call; returns None, or the SDK's status error."""
-    headers = {"x-tenant-id": tenant}
     try:
-        if dialect == "openai":
-            client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="sk-" + tenant, max_retries=max_retries,
-                                   default_headers=headers)
-            kwargs = {"model": "gpt-4o-mini", "max_tokens": max_tokens,
-                      "messages": [{"role": "user", "content": "Say hi to the gateway."}]}
-            if stream:
-                extra = {"stream_options": {"include_usage": True}} if include_usage else {}
-                for _ in client.chat.completions.create(stream=True, **extra, **kwargs):
-                    pass
-            else:
-                client.chat.completions.create(**kwargs)
-        else:
-            client = anthropic.Anthropic(base_url=envoy.url, api_key="sk-" + tenant, max_retries=max_retries,
-                                         default_headers=headers)
-            kwargs = {"model": "claude-sonnet-4-6", "max_tokens": max_tokens,
-                      "messages": [{"role": "user", "content": "Say hi to the gateway."}]}
-            if stream:
-                with client.messages.stream(**kwargs) as s:
-                    for _ in s:
-                        pass
-            else:
-                client.messages.create(**kwargs)
+        client = tenant_client(envoy, dialect, tenant, max_retries)
+        complete(client, dialect, stream, max_tokens, PROMPT, include_usage)
     except (openai.APIStatusError, anthropic.APIStatusError) as e:
         return e
     return None
@@ -146,7 +126,7 @@ def test_a_request_larger_than_the_bucket_is_refused_once_and_not_retried(govern
     assert "can never be admitted" in err.response.text, err.response.text
     assert sim.requests_for("sk-" + tenant) == []
     # The SDK made one attempt: the gateway counted no client retry.
-    assert int(governor.stat(f"llm_governor.pool.{dialect}.client_retries") or 0) == 0
+    assert governor.pool_stat(dialect, "client_retries") == 0
 
 
 def test_a_reservation_that_does_not_fit_is_held_until_the_refill_covers_it(envoy_factory, sim):
@@ -164,13 +144,13 @@ def test_a_reservation_that_does_not_fit_is_held_until_the_refill_covers_it(envo
     client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="sk-" + tenant, max_retries=0, timeout=30,
                            default_headers={"x-tenant-id": tenant})
     raw = client.chat.completions.with_raw_response.create(
-        model="gpt-4o-mini", max_tokens=2000, messages=[{"role": "user", "content": "Say hi to the gateway."}])
+        model="gpt-4o-mini", max_tokens=2000, messages=[{"role": "user", "content": PROMPT}])
     held_ms = int(raw.headers["x-llm-governor-held-ms"])
     assert 600 <= held_ms <= 1300, held_ms
     t.join(10)
     assert first["err"] is None
     assert [q["status"] for q in sim.requests_for("sk-" + tenant)] == [200, 200]
-    assert int(envoy.stat("llm_governor.pool.openai.local_reject_limit") or 0) == 0
+    assert envoy.pool_stat("openai", "local_reject_limit") == 0
 
 
 @wasm_only(NO_STOP_ITERATION_OPTION)
@@ -187,7 +167,7 @@ def test_without_stop_iteration_a_reserving_limit_costs_one_second_a_minute_not_
         took.append(time.monotonic() - started)
     assert 0.9 <= took[0] <= 3.0, took
     assert max(took[1:]) < 0.5, took
-    assert int(envoy.stat("llm_governor.pool.openai.body_unavailable") or 0) == 1
+    assert envoy.pool_stat("openai", "body_unavailable") == 1
     assert len(sim.requests_for("sk-" + tenant)) == 4
 
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from harness import RawUpstream, envoy_bootstrap, governor_filter
+from sdks import complete, tenant_client
 
 TPM = {
     "pools": [
@@ -28,42 +29,6 @@ TPM = {
     # The local answer of an exhausted budget is what these tests read; holding would wait it out.
     "hold": {"max_ms": 0},
 }
-
-
-def _openai(envoy, tenant: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=envoy.url + "/v1",
-        api_key="sk-" + tenant,
-        max_retries=0,
-        default_headers={"x-tenant-id": tenant},
-    )
-
-
-def _anthropic(envoy, tenant: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=envoy.url,
-        api_key="sk-" + tenant,
-        max_retries=0,
-        default_headers={"x-tenant-id": tenant},
-    )
-
-
-def _call(dialect: str, client, stream: bool) -> None:
-    if dialect == "openai":
-        kwargs = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-        if stream:
-            for _ in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
-                pass
-        else:
-            client.chat.completions.create(**kwargs)
-    else:
-        kwargs = {"model": "claude-sonnet-4-6", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
-        if stream:
-            with client.messages.stream(**kwargs) as s:
-                for _ in s:
-                    pass
-        else:
-            client.messages.create(**kwargs)
 
 
 # A token takes 100 ms to refill (600 a minute); being one token off moves every wait by 100 ms,
@@ -88,15 +53,15 @@ def test_usage_is_charged_and_the_next_request_waits(envoy_factory, sim, dialect
     # 120 tokens per call: more than the 100 banked, so one call puts the tenant 20 in debt.
     sim.scenario({"mode": "ok", "usage": {"input_tokens": 80, "output_tokens": 40}})
     tenant = "tpm-" + uuid.uuid4().hex[:8]
-    client = _openai(envoy, tenant) if dialect == "openai" else _anthropic(envoy, tenant)
+    client = tenant_client(envoy, dialect, tenant)
     started = time.monotonic()
-    _call(dialect, client, stream)
+    complete(client, dialect, stream)
     ended = (started, time.monotonic())
 
     error = openai.RateLimitError if dialect == "openai" else anthropic.RateLimitError
     asked_at = time.monotonic()
     with pytest.raises(error) as refused:
-        _call(dialect, client, stream)
+        complete(client, dialect, stream)
     asked = (asked_at, time.monotonic())
     headers = refused.value.response.headers
     assert headers["x-llm-governor-source"] == "limit"
@@ -109,7 +74,7 @@ def test_usage_is_charged_and_the_next_request_waits(envoy_factory, sim, dialect
     # The refused call never reached the provider; another tenant is unaffected.
     assert len(sim.requests_for("sk-" + tenant)) == 1
     other = "tpm-" + uuid.uuid4().hex[:8]
-    _call(dialect, _openai(envoy, other) if dialect == "openai" else _anthropic(envoy, other), stream)
+    complete(tenant_client(envoy, dialect, other), dialect, stream)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,10 +119,10 @@ def read_until_closed(s: socket.socket) -> None:
 
 def refused_wait(envoy, tenant: str) -> tuple:
     """(retry-after-ms, (sent, received)) of the tenant's next request, which must be refused."""
-    client = _anthropic(envoy, tenant)
+    client = tenant_client(envoy, "anthropic", tenant)
     asked_at = time.monotonic()
     with pytest.raises(anthropic.RateLimitError) as refused:
-        _call("anthropic", client, False)
+        complete(client, "anthropic", False)
     asked = (asked_at, time.monotonic())
     headers = refused.value.response.headers
     assert headers["x-llm-governor-source"] == "limit", dict(headers)

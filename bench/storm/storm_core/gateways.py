@@ -411,9 +411,9 @@ class FleetGateway(Gateway):
             e.stop(check=False)
             e.cleanup()
         for s in self.services:
-            s.stop()
+            s.cleanup()
         if self.redis is not None:
-            self.redis.stop()
+            self.redis.cleanup()
 
     def base_url(self) -> str:
         assert self.lb is not None
@@ -453,7 +453,8 @@ class LiteLLMFleetGateway(Gateway):
 
         self.key = key
         self.sim = sim
-        self.redis = Redis()
+        # The proxies' configuration names Redis's port before it starts: chosen now, kept.
+        self.redis = Redis(port=free_port())
         master = "sk-storm-master-" + uuid.uuid4().hex
         router = {"routing_strategy": "usage-based-routing-v2",
                   "redis_host": "127.0.0.1", "redis_port": self.redis.port}
@@ -486,7 +487,7 @@ class LiteLLMFleetGateway(Gateway):
             self.lb.cleanup()
         for p in self.proxies:
             p.stop()
-        self.redis.stop()
+        self.redis.cleanup()
 
     def base_url(self) -> str:
         assert self.lb is not None
