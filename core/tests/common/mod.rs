@@ -19,6 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod props;
+pub mod race;
+
 /// Always returns the same value in [0, 1); clones share it, so a test can change what the
 /// worker draws (`host.rng.set(0.5)`).
 #[derive(Clone, Default)]

@@ -3,6 +3,8 @@
 //!
 //! Usage: `llm-sim [--listen 127.0.0.1:8081] [--scenario '<json>']`
 
+mod decision;
+mod dialect;
 mod http;
 mod providers;
 mod scenario;

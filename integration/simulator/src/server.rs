@@ -8,10 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
+use crate::decision::Decision;
 use crate::http::{self, ParseError, Request, Response};
 use crate::providers::{self, Ctx, Route};
 use crate::scenario::Scenario;
-use crate::sim::{Decision, ReqInfo, State};
+use crate::sim::{ReqInfo, State};
 
 /// An idle keep-alive connection is closed after this long (long, so that a pooled upstream
 /// connection in Envoy is practically never closed under it).
