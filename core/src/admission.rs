@@ -133,12 +133,12 @@ impl<'a> Admission<'a> {
                 wait_ms,
                 remaining,
             } if tokens > 0 => {
-                let per_minute = self
+                let (per_window, window_ms) = self
                     .cfg
                     .limits
                     .get(limit)
-                    .map_or(1, |l| l.per_minute.max(1));
-                let refill_ms = tokens.saturating_mul(60_000).div_ceil(per_minute);
+                    .map_or((1, 60_000), |l| (l.per_window.max(1), l.window_ms()));
+                let refill_ms = tokens.saturating_mul(window_ms).div_ceil(per_window);
                 Blocked::Bucket {
                     limit,
                     wait_ms: wait_ms.saturating_add(refill_ms),

@@ -1,12 +1,13 @@
 //! Token buckets with lazy refill, stored as 16 fixed-width bytes in shared data.
 //!
-//! Amounts are kept in units of a third of a micro-token: a bucket refilling `n` tokens a
-//! minute then gains exactly `50 n` units every millisecond, so refill is integer arithmetic
-//! with no rounding, however often it is evaluated. The level may go below zero: a later
-//! issue charges actual token usage after the response, and a debt must be repaid by refill.
+//! Amounts are kept in units of 1 / 86,400,000 token (the milliseconds of a day): a bucket
+//! refilling `n` tokens a minute then gains exactly `1440 n` units every millisecond, and one
+//! refilling `n` a day exactly `n`, so refill is integer arithmetic with no rounding, however
+//! often it is evaluated. The level may go below zero: usage is charged after the response,
+//! and a debt must be repaid by refill.
 
-/// Units per token.
-const UNIT: i64 = 3_000_000;
+/// Units per token: every window a rate field has (a minute, a day) divides it in ms.
+const UNIT: i64 = 86_400_000;
 use crate::config::Limit;
 use crate::store::{Reader, Writer};
 
@@ -20,17 +21,31 @@ pub struct Bucket {
     pub updated_ms: u64,
 }
 
-/// The shape of one bucket: refill rate and capacity.
+/// The shape of one bucket: refill rate (`per_window` every `window_ms`) and capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
-    pub per_minute: u64,
+    pub per_window: u64,
+    /// A minute or a day (any divisor of a day's ms refills without rounding).
+    pub window_ms: u64,
     pub burst: u64,
+}
+
+impl Shape {
+    /// `per_minute` tokens a minute, `burst` at most.
+    pub fn per_minute(per_minute: u64, burst: u64) -> Shape {
+        Shape {
+            per_window: per_minute,
+            window_ms: 60_000,
+            burst,
+        }
+    }
 }
 
 impl From<&Limit> for Shape {
     fn from(limit: &Limit) -> Shape {
         Shape {
-            per_minute: limit.per_minute,
+            per_window: limit.per_window,
+            window_ms: limit.window_ms(),
             burst: limit.burst,
         }
     }
@@ -154,9 +169,9 @@ fn to_units(tokens: u64) -> i64 {
 }
 
 fn units_per_ms(shape: Shape) -> i64 {
-    i64::try_from(shape.per_minute)
-        .unwrap_or(i64::MAX / 50)
-        .saturating_mul(50)
+    let per_ms =
+        i128::from(shape.per_window) * i128::from(UNIT) / i128::from(shape.window_ms.max(1));
+    i64::try_from(per_ms).unwrap_or(i64::MAX)
 }
 
 /// Milliseconds until `deficit` units have refilled, rounded up.
@@ -183,7 +198,8 @@ mod tests {
     use super::*;
 
     const SHAPE: Shape = Shape {
-        per_minute: 60,
+        per_window: 60,
+        window_ms: 60_000,
         burst: 5,
     };
 
@@ -208,10 +224,7 @@ mod tests {
 
     #[test]
     fn slow_rates_do_not_lose_fractions() {
-        let shape = Shape {
-            per_minute: 1,
-            burst: 1,
-        };
+        let shape = Shape::per_minute(1, 1);
         let mut b = Bucket::full(shape, 0);
         b = b.take(shape, 0, 1).0;
         // Evaluate every millisecond for a minute: must be exactly refilled at 60 s.
@@ -220,6 +233,26 @@ mod tests {
         }
         assert!(!b.take(shape, 59_999, 1).1.admitted);
         assert!(b.take(shape, 60_000, 1).1.admitted);
+    }
+
+    #[test]
+    fn a_day_window_refills_evenly_over_the_day() {
+        // 864 a day: one every 100 s, exactly, however often the bucket is looked at.
+        let shape = Shape {
+            per_window: 864,
+            window_ms: 86_400_000,
+            burst: 864,
+        };
+        let mut b = Bucket::full(shape, 0).take(shape, 0, 864).0;
+        for t in (1..100_000).step_by(7) {
+            b = b.refill(shape, t);
+        }
+        let (_, t) = b.take(shape, 99_999, 1);
+        assert_eq!((t.admitted, t.wait_ms), (false, 1));
+        assert!(b.take(shape, 100_000, 1).1.admitted);
+        // A full day refills all of it, not more.
+        let b = Bucket::full(shape, 0).take(shape, 0, 864).0;
+        assert_eq!(b.refill(shape, 86_400_000 * 2).tokens(), 864);
     }
 
     #[test]
@@ -242,10 +275,7 @@ mod tests {
 
     #[test]
     fn debt_delays_admission() {
-        let shape = Shape {
-            per_minute: 600,
-            burst: 100,
-        };
+        let shape = Shape::per_minute(600, 100);
         let b = Bucket::full(shape, 0).charge(shape, 0, 150);
         assert_eq!(b.level, -50 * UNIT);
         let (_, t) = b.take(shape, 0, 1);
@@ -269,10 +299,7 @@ mod tests {
 
     #[test]
     fn huge_values_saturate() {
-        let shape = Shape {
-            per_minute: 1_000_000_000,
-            burst: 1_000_000_000,
-        };
+        let shape = Shape::per_minute(1_000_000_000, 1_000_000_000);
         let b = Bucket::full(shape, 0);
         let (_, t) = b.take(shape, u64::MAX, u64::MAX);
         assert!(!t.admitted);

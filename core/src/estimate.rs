@@ -80,10 +80,16 @@ impl Estimate {
     /// character count (the body's bytes / 4) when that is more than the estimate.
     pub fn by_characters(&self, default_output: u64) -> u64 {
         Estimate {
-            input: self.input.max(self.bytes.div_ceil(BYTES_PER_TOKEN)),
+            input: self.input_by_characters(),
             ..*self
         }
         .reservation(default_output)
+    }
+
+    /// The input as OpenAI's rate limiter counts it: the larger of the estimate and the
+    /// body's characters / 4.
+    pub fn input_by_characters(&self) -> u64 {
+        self.input.max(self.bytes.div_ceil(BYTES_PER_TOKEN))
     }
 }
 
@@ -263,6 +269,33 @@ fn string_end(b: &[u8], from: usize) -> (usize, bool) {
         i += 2;
     }
     (b.len(), false)
+}
+
+/// Tokens of a fragment of a JSON body (a run of values that need not be one valid value: a
+/// prompt's blocks from one cache breakpoint to the next), counted as `estimate` counts the
+/// same strings: a string followed by `:` is a key (a `role` adds a message's overhead), any
+/// other string is text read in the context of the last key. Never fails.
+pub fn fragment_tokens(b: &[u8]) -> u64 {
+    let mut tokens = 0u64;
+    let mut key = Key::default();
+    let mut i = 0;
+    while let Some(off) = b.get(i..).and_then(|r| memchr::memchr(b'"', r)) {
+        let start = i + off + 1;
+        let (end, _) = string_end(b, start);
+        let raw = &b[start..end];
+        let after = b.get(end + 1..).unwrap_or(&[]);
+        let is_key = after.iter().find(|c| !c.is_ascii_whitespace()) == Some(&b':');
+        if is_key {
+            key = Key::of(raw);
+            if key.is(b"role") {
+                tokens = tokens.saturating_add(PER_MESSAGE);
+            }
+        } else {
+            tokens = tokens.saturating_add(string_tokens(raw, &key));
+        }
+        i = end + 1;
+    }
+    tokens
 }
 
 /// Tokens of one string value, by what its key says it is.

@@ -238,6 +238,21 @@ fn key_id_hex(id: u64) -> [u8; 16] {
     out
 }
 
+/// Shared-data key of the prompt prefixes an (account, model) has in the provider's cache.
+pub fn prefixes_key(account: u64, model: u64) -> String {
+    let account = key_id_hex(account);
+    key(
+        "p:",
+        std::str::from_utf8(&account).unwrap_or("-"),
+        key_id_hex(model),
+    )
+}
+
+/// Shared-data key of the recent usage of a (pool, model), what its predictions learn from.
+pub fn usage_key(pool: &str, model: u64) -> String {
+    key("u:", pool, key_id_hex(model))
+}
+
 /// Shared-data key of the `max_in_flight` slots of one key of a limit.
 pub fn slots_key(limit: &str, key_id: u64) -> String {
     key("f:", limit, key_id_hex(key_id))

@@ -13,6 +13,9 @@
 //! - the composition: `policy` (`Governor`: the configuration and its views), `worker` (one
 //!   worker's streams over time, `stream` their states), `effects` and `protocol` (the host
 //!   boundary);
+//! - counting as the provider counts: `counting` (each provider's rule), `predict` (what a
+//!   request will count: cache reads through `prefix` and `prefix_cache`, output from recent
+//!   usage);
 //! - leaves: `config`, `classify`, `ratelimit`, `retry_after`, `estimate`, `usage`, `headers`,
 //!   `time`, `keys`, `keyspace`, `store`, `bucket`, `inflight`, `lease`, `metrics`, `env`,
 //!   `deadline`.
@@ -24,6 +27,7 @@ pub mod classify;
 pub mod config;
 pub mod cooldown;
 pub mod cooldowns;
+pub mod counting;
 pub mod deadline;
 pub mod effects;
 pub mod env;
@@ -39,6 +43,9 @@ pub mod limits;
 pub mod metrics;
 pub mod policy;
 pub mod pools;
+pub mod predict;
+pub mod prefix;
+pub mod prefix_cache;
 pub mod protocol;
 pub mod ratelimit;
 pub mod reply;

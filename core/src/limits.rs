@@ -5,16 +5,19 @@
 use crate::blocked::Blocked;
 use crate::bucket::{Bucket, Shape};
 use crate::classify::Dialect;
-use crate::config::Limit;
-use crate::config::{LimitKind, Scope, Settle};
+use crate::config::{Config, Counts, Limit, LimitKind, Scope, Settle};
+use crate::counting::{self, Reserve};
 use crate::env::Env;
 use crate::inflight::{self, Slots};
 use crate::keys;
 use crate::keyspace;
 use crate::lease;
 use crate::metrics::Gauge;
+use crate::predict::{self, Needs};
+use crate::ratelimit::Need;
 use crate::request::{Charge, Flow, HeldSlot, Taken};
 use crate::store::{self, UpdateError};
+use crate::usage::Usage;
 
 /// The key a take goes to, as `existing_or_overflow` found it.
 struct Target {
@@ -28,18 +31,23 @@ struct Target {
 /// The configured limits (a view of the governor's), and the bound on their keys.
 #[derive(Clone, Copy)]
 pub struct Limits<'a> {
+    cfg: &'a Config,
     limits: &'a [Limit],
     max_keys: u64,
+    /// What the reserving token limits need predicted before the call.
+    needs: Needs,
     /// Some limits are the fleet's: what the local ones took is kept on the flow, to give
     /// back if the fleet refuses the request.
     fleet: bool,
 }
 
 impl<'a> Limits<'a> {
-    pub fn new(limits: &'a [Limit], max_keys: u64, fleet: bool) -> Limits<'a> {
+    pub fn new(cfg: &'a Config, needs: Needs, fleet: bool) -> Limits<'a> {
         Limits {
-            limits,
-            max_keys,
+            cfg,
+            limits: &cfg.limits,
+            max_keys: cfg.max_keys,
+            needs,
             fleet,
         }
     }
@@ -91,6 +99,9 @@ impl<'a> Limits<'a> {
             None => l.scope == Scope::Local,
             Some(which) => which.contains(&i),
         };
+        // What the provider will count, as it stands now (a held request asks again: a prefix
+        // cached meanwhile is predicted on its next try).
+        predict::before(self.cfg, self.needs, flow, env);
         let mut taken: Vec<Taken> = Vec::new();
         let mut charges = Vec::new();
         let mut slots = Vec::new();
@@ -136,16 +147,16 @@ impl<'a> Limits<'a> {
             let Target { key, known, own } = self.existing_or_overflow(i, key, flow.pool, env);
             // What the request takes from a bucket: one request, its token reservation, or
             // nothing (a budget charged after the response only needs a token left).
-            let amount = match limit.kind {
-                LimitKind::Requests => 1,
+            let Reserve { amount, firm } = match limit.kind {
+                LimitKind::Requests => Reserve { amount: 1, firm: 1 },
                 LimitKind::Tokens => reservation(limit, flow),
-                LimitKind::InFlight => 0,
+                LimitKind::InFlight => Reserve { amount: 0, firm: 0 },
             };
-            if amount > limit.burst {
+            if firm > limit.burst {
                 self.give_back(taken, &mut slots, flow.pool, env);
                 return Err(Blocked::TooLarge {
                     limit: i,
-                    tokens: amount,
+                    tokens: firm,
                 });
             }
             // A request bucket of the key's own, far from empty, lends this worker a lease.
@@ -189,7 +200,7 @@ impl<'a> Limits<'a> {
                 }
                 LimitKind::InFlight => {
                     let epoch = inflight::epoch_of(now, limit.slot_lease_ms);
-                    let cap = limit.per_minute;
+                    let cap = limit.per_window;
                     store::modify(env.store, &key, known, None, |s: Option<Slots>| {
                         match s.unwrap_or_default().acquire(epoch, cap) {
                             Some((after, slot)) => (Some(after), Some(slot)),
@@ -262,9 +273,24 @@ impl<'a> Limits<'a> {
     pub fn cost(&self, limit: usize, flow: &Flow) -> u64 {
         match self.limits.get(limit) {
             Some(l) if l.kind == LimitKind::Requests => 1,
-            Some(l) if l.kind == LimitKind::Tokens => reservation(l, flow),
+            Some(l) if l.kind == LimitKind::Tokens => reservation(l, flow).amount,
             _ => 0,
         }
+    }
+
+    /// What the flow reserved of each token dimension (the most of the limits counting it):
+    /// what a request like it needs of the provider's own limits.
+    pub(crate) fn need(&self, flow: &Flow) -> Need {
+        let mut need = Need::default();
+        for c in flow.charges.iter().filter(|c| c.reserved > 0) {
+            let slot = match self.limits[c.limit].counts {
+                Counts::Tokens => &mut need.tokens,
+                Counts::InputTokens => &mut need.input_tokens,
+                Counts::OutputTokens => &mut need.output_tokens,
+            };
+            *slot = (*slot).max(Some(c.reserved));
+        }
+        need
     }
 
     /// Whether no `max_in_flight` cap of the flow is full, read-only (request buckets are the
@@ -279,7 +305,7 @@ impl<'a> Limits<'a> {
             let epoch = inflight::epoch_of(now, l.slot_lease_ms);
             match env.store.get(&keys::slots_key(&l.name, key_id)) {
                 Ok(Some((bytes, _))) => {
-                    Slots::decode(&bytes).map_or(true, |s| s.at(epoch).total() < l.per_minute)
+                    Slots::decode(&bytes).map_or(true, |s| s.at(epoch).total() < l.per_window)
                 }
                 _ => true,
             }
@@ -352,12 +378,14 @@ impl<'a> Limits<'a> {
         });
     }
 
-    /// Settle the flow's token budgets with the tokens its response used: a reservation is
-    /// replaced by the usage (the difference given back or charged) unless it settles as
-    /// reserved, a budget charged after the response is charged it all. Once: the flow owes
-    /// nothing afterwards.
-    pub fn on_usage(&self, flow: &mut Flow, tokens: u64, env: &mut Env) {
-        self.settle(flow, Some(tokens), env);
+    /// Settle the flow's token budgets with the usage its response reported, each counted as
+    /// its provider counts its dimension (`counting`): a reservation is replaced by that count
+    /// (the difference given back, or charged: an answer longer than predicted is charged in
+    /// full) unless it settles as reserved; a budget charged after the response is charged it
+    /// all. Once: the flow owes nothing afterwards. Then the predictions learn from it.
+    pub fn on_usage(&self, flow: &mut Flow, usage: &Usage, env: &mut Env) {
+        self.settle(flow, Some(usage), env);
+        predict::learn(self.cfg, self.needs, flow, usage, env);
     }
 
     /// Give every reservation back in full: the provider answered an error of its own and
@@ -366,19 +394,28 @@ impl<'a> Limits<'a> {
         self.settle(flow, None, env);
     }
 
-    fn settle(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
+    /// What limit `limit` settles the flow's charge of `reserved` at: 0 for a refund, the
+    /// reservation where it settles as reserved (or the usage says nothing it counts), else
+    /// what the provider counted.
+    fn settled(&self, limit: usize, flow: &Flow, usage: Option<&Usage>, reserved: u64) -> u64 {
+        let l = &self.limits[limit];
+        let Some(usage) = usage else { return 0 };
+        if settle_of(l, flow) == Settle::Reservation && l.reserve && reserved > 0 {
+            return reserved;
+        }
+        counting::counted(flow.dialect, usage, l.count_cache_reads)
+            .map_or(reserved, |c| c.of(l.counts))
+    }
+
+    fn settle(&self, flow: &mut Flow, usage: Option<&Usage>, env: &mut Env) {
         let now = env.now();
         // The fleet's budgets settle by the same rule, at the stream's end (`fleet`).
         if flow.fleet_charged() {
-            let rules: Vec<Settle> = self.limits.iter().map(|l| settle_of(l, flow)).collect();
-            for c in flow.fleet_mut().charges.iter_mut() {
-                let limit = &self.limits[c.limit];
-                c.settled = Some(match (usage, rules[c.limit]) {
-                    (None, _) => 0,
-                    (Some(_), Settle::Reservation) if limit.reserve => c.amount,
-                    (Some(used), _) => used,
-                });
+            let mut charges = std::mem::take(&mut flow.fleet_mut().charges);
+            for c in charges.iter_mut() {
+                c.settled = Some(self.settled(c.limit, flow, usage, c.amount));
             }
+            flow.fleet_mut().charges = charges;
         }
         for Charge {
             limit: i,
@@ -386,11 +423,7 @@ impl<'a> Limits<'a> {
             reserved,
         } in std::mem::take(&mut flow.charges)
         {
-            let tokens = match (usage, settle_of(&self.limits[i], flow)) {
-                (None, _) => 0,
-                (Some(_), Settle::Reservation) if reserved > 0 => reserved,
-                (Some(used), _) => used,
-            };
+            let tokens = self.settled(i, flow, usage, reserved);
             if tokens == reserved {
                 continue;
             }
@@ -421,23 +454,25 @@ impl<'a> Limits<'a> {
     }
 }
 
-/// The tokens a reserving budget takes for this request: its estimated input plus the output
-/// it allows (the limit's default when it sets none). 0 for a budget charged after the
-/// response, or a request whose body was not read.
-pub(crate) fn reservation(limit: &crate::config::Limit, flow: &Flow) -> u64 {
+/// What a reserving budget takes for this request (`counting::reservation`): nothing for a
+/// budget charged after the response, or a request whose body was not read.
+pub(crate) fn reservation(limit: &Limit, flow: &Flow) -> Reserve {
     match flow.estimate {
-        Some(est) if limit.reserve => match settle_of(limit, flow) {
-            Settle::Reservation => est.by_characters(limit.default_output_tokens),
-            _ => est.reservation(limit.default_output_tokens),
-        },
-        _ => 0,
+        Some(est) if limit.reserve => counting::reservation(
+            limit,
+            settle_of(limit, flow),
+            flow.dialect,
+            &est,
+            &flow.predicted,
+        ),
+        _ => Reserve { amount: 0, firm: 0 },
     }
 }
 
 /// How the limit settles this flow's reservation: `auto` counts as the provider behind it
 /// does (the flow's dialect is that of the pool it is governed as, so a reservation and its
 /// settle agree).
-fn settle_of(limit: &crate::config::Limit, flow: &Flow) -> Settle {
+fn settle_of(limit: &Limit, flow: &Flow) -> Settle {
     match limit.settle {
         Settle::Auto => match flow.dialect {
             Dialect::OpenAi | Dialect::AzureOpenAi => Settle::Reservation,

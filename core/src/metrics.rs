@@ -162,13 +162,20 @@ pub enum Histogram {
     HoldMs,
     /// How long the fleet's service took to answer a call (or to fail).
     FleetCallMs,
+    /// How far the input a token limit reserved was from what the provider counted, in % of
+    /// what it counted (cache reads predicted, or not).
+    InputPredictionErrorPct,
+    /// The same for a predicted output (where the provider counts tokens generated).
+    OutputPredictionErrorPct,
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 3] = [
+    pub const ALL: [Histogram; 5] = [
         Histogram::RetryAfterMs,
         Histogram::HoldMs,
         Histogram::FleetCallMs,
+        Histogram::InputPredictionErrorPct,
+        Histogram::OutputPredictionErrorPct,
     ];
 
     pub fn index(self) -> usize {
@@ -180,6 +187,8 @@ impl Histogram {
             Histogram::RetryAfterMs => "retry_after_ms",
             Histogram::HoldMs => "hold_ms",
             Histogram::FleetCallMs => "fleet_call_ms",
+            Histogram::InputPredictionErrorPct => "input_prediction_error_pct",
+            Histogram::OutputPredictionErrorPct => "output_prediction_error_pct",
         }
     }
 }
@@ -240,7 +249,7 @@ impl Family {
 
 /// `llm_governor.<stat>` for every stat that is its own family (a `&'static str` each, as the
 /// host's define call keeps no copy it does not make itself).
-const FAMILIES: [(&str, &str); 25] = [
+const FAMILIES: [(&str, &str); 27] = [
     ("overflow_keys", "llm_governor.overflow_keys"),
     ("preemptive_cooldown", "llm_governor.preemptive_cooldown"),
     ("store_contention", "llm_governor.store_contention"),
@@ -275,6 +284,14 @@ const FAMILIES: [(&str, &str); 25] = [
     ("fleet_errors", "llm_governor.fleet_errors"),
     ("fleet_fallback", "llm_governor.fleet_fallback"),
     ("fleet_call_ms", "llm_governor.fleet_call_ms"),
+    (
+        "input_prediction_error_pct",
+        "llm_governor.input_prediction_error_pct",
+    ),
+    (
+        "output_prediction_error_pct",
+        "llm_governor.output_prediction_error_pct",
+    ),
 ];
 
 /// Where stats go. `pool` is the index of the pool in the configuration.
@@ -457,6 +474,8 @@ pub struct Recorded {
     pub histogram: Vec<(usize, u64)>,
     pub hold_ms: Vec<(usize, u64)>,
     pub fleet_call_ms: Vec<(usize, u64)>,
+    /// `input_prediction_error_pct` and `output_prediction_error_pct`.
+    pub prediction_error_pct: Vec<(usize, Histogram, u64)>,
 }
 
 impl Recorded {
@@ -499,6 +518,9 @@ impl Metrics for Recorded {
             Histogram::RetryAfterMs => self.histogram.push((pool, ms)),
             Histogram::HoldMs => self.hold_ms.push((pool, ms)),
             Histogram::FleetCallMs => self.fleet_call_ms.push((pool, ms)),
+            Histogram::InputPredictionErrorPct | Histogram::OutputPredictionErrorPct => {
+                self.prediction_error_pct.push((pool, h, ms))
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::fleet::limits::FleetLimits;
 use crate::keys;
 use crate::limits::Limits;
 use crate::pools::{Ids, Pools};
+use crate::predict::Needs;
 use crate::reply::Replies;
 use crate::response::Responses;
 
@@ -27,6 +28,8 @@ pub struct Governor {
     reads_body: bool,
     /// The limits the fleet's service decides, when there are any.
     fleet: Option<FleetLimits>,
+    /// What the reserving token limits need predicted before the call.
+    needs: Needs,
 }
 
 impl Governor {
@@ -39,11 +42,13 @@ impl Governor {
                 .iter()
                 .any(|l| l.kind == LimitKind::Tokens && l.reserve);
         let fleet = FleetLimits::of(&cfg);
+        let needs = Needs::of(&cfg);
         Governor {
             cfg,
             ids,
             reads_body,
             fleet,
+            needs,
         }
     }
 
@@ -82,7 +87,7 @@ impl Governor {
 
     /// The local limits, with what bounds their keys.
     pub fn limits(&self) -> Limits<'_> {
-        Limits::new(&self.cfg.limits, self.cfg.max_keys, self.fleet.is_some())
+        Limits::new(&self.cfg, self.needs, self.fleet.is_some())
     }
 
     pub fn admission(&self) -> Admission<'_> {

@@ -3,11 +3,12 @@
 //! request headers (and body, when read) once, into the `Flow` the rest of the policy reads.
 
 use crate::classify::Dialect;
-use crate::config::{Config, LimitKey, Pool};
+use crate::config::{Config, LimitKey, LimitKind, Pool};
 use crate::estimate;
 use crate::fleet::limits::FleetLimits;
 use crate::headers::Headers;
 use crate::keys::{self, HashKey};
+use crate::prefix;
 use crate::request::{FleetFlow, Flow, HoldDeadline, RequestView, STEERING_HEADER};
 
 /// What is derived from the configuration once for reading requests: the key of every id, and
@@ -117,6 +118,8 @@ impl<'a> Pools<'a> {
             header_ids,
             model_id,
             estimate: None,
+            prompt: None,
+            predicted: Default::default(),
             dialect,
             streak: 0,
             limit_keys: Vec::new(),
@@ -178,8 +181,20 @@ impl<'a> Pools<'a> {
                 }
             }
         }
+        flow.prompt = self
+            .predicts_cache_reads()
+            .then(|| prefix::scan(body, est.input, &self.ids.key).map(Box::new))
+            .flatten();
         flow.estimate = Some(est);
         self.govern_as(flow, flow.pool);
+    }
+
+    /// Whether some token limit reserves input that a provider's cache read would not count:
+    /// then a body's cache breakpoints are read.
+    fn predicts_cache_reads(&self) -> bool {
+        self.cfg.limits.iter().any(|l| {
+            l.kind == LimitKind::Tokens && l.reserve && l.counts.input() && !l.count_cache_reads
+        })
     }
 
     /// The pool the request was steered to, when it was.

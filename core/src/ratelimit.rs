@@ -108,6 +108,34 @@ impl Snapshot {
         }
     }
 
+    /// How long until a request needing `need` fits every dimension it is short of: those
+    /// reported used up (remaining 0), and the token dimensions whose remaining is below what
+    /// the request is known to need of them (preemptive pacing per dimension). A dimension with
+    /// a known need and limit has it back after `reset × (need − remaining) / (limit −
+    /// remaining)` (the bucket refills evenly until full at the reset); others wait the whole
+    /// reset. None when it is short of nothing.
+    pub fn short_wait_ms(&self, need: &Need) -> Option<u64> {
+        Dimension::ALL
+            .into_iter()
+            .filter_map(|d| {
+                let w = self.window(d);
+                let (remaining, reset) = (w.remaining?, w.reset_ms?);
+                let need = need.of(d).filter(|n| *n > 0);
+                if remaining > 0 && need.map_or(true, |n| remaining >= n) {
+                    return None;
+                }
+                Some(match (d, need, w.limit) {
+                    (_, Some(n), Some(limit)) if d != Dimension::Requests && limit > remaining => {
+                        let part = u128::from(reset) * u128::from(n - remaining.min(n))
+                            / u128::from(limit - remaining);
+                        u64::try_from(part).unwrap_or(u64::MAX).clamp(1, reset)
+                    }
+                    _ => reset,
+                })
+            })
+            .max()
+    }
+
     /// How long until a request needing `tokens` fits every exhausted dimension. The reset
     /// OpenAI and Anthropic report is when the bucket is full again, refilling evenly from
     /// empty: a token dimension with a known limit has `tokens` back after `reset × tokens /
@@ -125,6 +153,33 @@ impl Snapshot {
                     }
                 })
             })
+            .max()
+    }
+}
+
+/// What a request needs of each token dimension, where it is known (its reservations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Need {
+    pub tokens: Option<u64>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+impl Need {
+    pub fn of(&self, d: Dimension) -> Option<u64> {
+        match d {
+            Dimension::Requests => None,
+            Dimension::Tokens => self.tokens,
+            Dimension::InputTokens => self.input_tokens,
+            Dimension::OutputTokens => self.output_tokens,
+        }
+    }
+
+    /// The most a dimension needs: for a provider that reports one token dimension.
+    pub fn most(&self) -> Option<u64> {
+        [self.tokens, self.input_tokens, self.output_tokens]
+            .into_iter()
+            .flatten()
             .max()
     }
 }

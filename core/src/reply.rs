@@ -194,15 +194,21 @@ pub fn local_reply(
     }
 }
 
-/// The answer to a request that reserves more tokens than local limit `name` can ever hold:
-/// a 429 whose client is told not to retry (the request must change, not wait).
-pub fn too_large(dialect: Dialect, name: &str, per_minute: u64, message: &str) -> LocalReply {
+/// The answer to a request that reserves more tokens than local limit `name` (`quota` per
+/// `window_s`) can ever hold: a 429 whose client is told not to retry (the request must change,
+/// not wait).
+pub fn too_large(
+    dialect: Dialect,
+    name: &str,
+    (quota, window_s): (u64, u64),
+    message: &str,
+) -> LocalReply {
     let class = Class::RateLimited;
     let mut headers = retry_headers(class, AnswerSource::Limit, 60_000, false);
     headers.push(("content-type", "application/json".to_string()));
     headers.push((
         "ratelimit-policy",
-        format!("\"{name}\";q={per_minute};w=60"),
+        format!("\"{name}\";q={quota};w={window_s}"),
     ));
     LocalReply {
         status: 429,
@@ -349,8 +355,8 @@ impl<'a> Replies<'a> {
         let l = &self.cfg.limits[limit];
         let fields = LimitFields {
             name: l.name.clone(),
-            quota: l.per_minute,
-            window_s: 60,
+            quota: l.per_window,
+            window_s: l.window_s,
             remaining,
             reset_s: wait_ms.div_ceil(1000),
         };
@@ -368,6 +374,6 @@ impl<'a> Replies<'a> {
              max_tokens or shorten the prompt",
             l.name, l.burst
         );
-        too_large(flow.dialect, &l.name, l.per_minute, &message)
+        too_large(flow.dialect, &l.name, (l.per_window, l.window_s), &message)
     }
 }

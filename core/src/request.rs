@@ -4,9 +4,11 @@
 //! the jobs that fill it live in their own modules (`pools`, `admission`, `limits`, `fleet`).
 
 use crate::classify::Dialect;
+use crate::counting::Prediction;
 use crate::estimate::Estimate;
 use crate::headers::Headers;
 use crate::inflight::Slot;
+use crate::prefix::Prompt;
 
 /// The request header that names the pool a request was steered to; Envoy routes on it. Only
 /// the policy sets it: a client-sent one is removed before anything matches on it.
@@ -47,6 +49,10 @@ pub struct Flow {
     pub model_id: u64,
     /// What the request body says it will cost, when it was read (a token limit reserves).
     pub estimate: Option<Estimate>,
+    /// The prompt's cache breakpoints, when the body marks some and a token limit reserves.
+    pub prompt: Option<Box<Prompt>>,
+    /// What admission predicted the provider will count (cache reads, output).
+    pub predicted: Prediction,
     /// The dialect for locally generated bodies (`auto` resolved from the request).
     pub dialect: Dialect,
     /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:

@@ -13,10 +13,12 @@ use crate::env::Env;
 use crate::headers::Headers;
 use crate::limits::Limits;
 use crate::metrics::{Counter, Gauge, Histogram, Metrics};
+use crate::predict;
 use crate::ratelimit::{self, Snapshot};
 use crate::reply::{self, AnswerSource, HELD_MS_HEADER};
 use crate::request::{Flow, STEERING_HEADER};
 use crate::retry_after;
+use crate::usage::Usage;
 
 /// What a client is told after an upstream "not now" when a fallback has room: come back at
 /// once (its retry is steered there). A few ms rather than 0, which SDKs would not trust.
@@ -164,15 +166,16 @@ impl<'a> Responses<'a> {
 
     /// The stream is over, however it ended: give back its slots, tell the pace if its answer
     /// never came, and charge the tokens the provider reported.
-    pub fn on_stream_end(&self, flow: &mut Flow, usage: Option<u64>, env: &mut Env) {
+    pub fn on_stream_end(&self, flow: &mut Flow, usage: Option<Usage>, env: &mut Env) {
         self.limits.release_slots(flow, env);
         self.cooldowns.answer_pace(flow, Answer::Other, env);
-        if let Some(tokens) = usage {
-            self.limits.on_usage(flow, tokens, env);
+        if let Some(usage) = usage {
+            self.limits.on_usage(flow, &usage, env);
         }
     }
 
     fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
+        predict::on_success(self.cfg, flow, env);
         if flow.client_retry {
             env.metrics
                 .count(flow.home_pool, Counter::SucceededAfterRetry);
@@ -180,15 +183,11 @@ impl<'a> Responses<'a> {
         if !self.cfg.cooldown.enabled {
             return;
         }
-        // A request that reserved tokens knows how many the next one like it needs.
-        let need = flow
-            .charges
-            .iter()
-            .map(|c| c.reserved)
-            .max()
-            .filter(|n| *n > 0);
+        // A request that reserved tokens knows how many the next one like it needs, by
+        // dimension: the provider's own remaining below it paces before any 429.
+        let need = self.limits.need(flow);
         if self.cfg.preemptive {
-            if let Some(reset) = snap.exhausted_wait_ms(need).filter(|ms| *ms > 0) {
+            if let Some(reset) = snap.short_wait_ms(&need).filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
                     class: Class::RateLimited,
@@ -207,7 +206,7 @@ impl<'a> Responses<'a> {
             // The pace releases no more than the provider says fit: its remaining requests,
             // and its remaining tokens over what a request like this one needs.
             let answer = Answer::Success {
-                remaining: snap.requests_that_fit(need),
+                remaining: snap.requests_that_fit(need.most()),
             };
             self.cooldowns.cool(flow, None, 0, answer, env);
         }

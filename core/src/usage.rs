@@ -20,6 +20,29 @@ const OUTPUT_KEYS: [&[u8]; 3] = [
 const TOTAL_KEYS: [&[u8]; 2] = [b"\"total_tokens\"", b"\"totalTokenCount\""];
 /// Anthropic counts cache writes towards input-token limits (cache reads it does not).
 const CACHE_WRITE_KEYS: [&[u8]; 1] = [b"\"cache_creation_input_tokens\""];
+/// Cache reads: Anthropic's beside its input, OpenAI's (`prompt_tokens_details`) and Gemini's
+/// inside their prompt counts.
+const CACHE_READ_KEYS: [&[u8]; 3] = [
+    b"\"cache_read_input_tokens\"",
+    b"\"cached_tokens\"",
+    b"\"cachedContentTokenCount\"",
+];
+
+/// A response's usage as its provider reported it, each field only when it did
+/// (`counting::counted` reads it as the provider counts it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// `prompt_tokens`, `input_tokens` (Anthropic: uncached), `promptTokenCount`.
+    pub input: Option<u64>,
+    /// `completion_tokens`, `output_tokens`, `candidatesTokenCount`.
+    pub output: Option<u64>,
+    /// `total_tokens`, `totalTokenCount`.
+    pub total: Option<u64>,
+    /// `cache_creation_input_tokens`.
+    pub cache_write: Option<u64>,
+    /// `cache_read_input_tokens`, `cached_tokens`, `cachedContentTokenCount`.
+    pub cache_read: Option<u64>,
+}
 
 /// Longest key plus separator and a 20-digit number: a tail this long carries any split match.
 const TAIL: usize = 64;
@@ -28,10 +51,7 @@ const TAIL: usize = 64;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UsageScanner {
     tail: Vec<u8>,
-    input: Option<u64>,
-    output: Option<u64>,
-    total: Option<u64>,
-    cache_write: Option<u64>,
+    seen: Usage,
 }
 
 impl UsageScanner {
@@ -49,6 +69,7 @@ impl UsageScanner {
             (&OUTPUT_KEYS[..], 1),
             (&TOTAL_KEYS[..], 2),
             (&CACHE_WRITE_KEYS[..], 3),
+            (&CACHE_READ_KEYS[..], 4),
         ] {
             for key in keys {
                 // Every match, overlapping ones too (`"k"k":1` holds `"k":1` from the first
@@ -59,12 +80,14 @@ impl UsageScanner {
                     let start = at + i;
                     at = start + 1;
                     if let Some(n) = number_after(&buf[start + key.len()..]) {
-                        match slot {
-                            0 => self.input = Some(n),
-                            1 => self.output = Some(n),
-                            2 => self.total = Some(n),
-                            _ => self.cache_write = Some(n),
-                        }
+                        let u = &mut self.seen;
+                        *match slot {
+                            0 => &mut u.input,
+                            1 => &mut u.output,
+                            2 => &mut u.total,
+                            3 => &mut u.cache_write,
+                            _ => &mut u.cache_read,
+                        } = Some(n);
                     }
                 }
             }
@@ -73,15 +96,21 @@ impl UsageScanner {
         self.tail = buf[buf.len() - keep..].to_vec();
     }
 
+    /// What the body reported, when it reported any usage.
+    pub fn usage(&self) -> Option<Usage> {
+        (self.seen != Usage::default()).then_some(self.seen)
+    }
+
     /// Tokens the response consumed: the provider's total, else input (with cache writes)
     /// plus output.
     pub fn total(&self) -> Option<u64> {
-        self.total.or(match (self.input, self.output) {
+        let u = &self.seen;
+        u.total.or(match (u.input, u.output) {
             (None, None) => None,
             (i, o) => Some(
                 i.unwrap_or(0)
                     .saturating_add(o.unwrap_or(0))
-                    .saturating_add(self.cache_write.unwrap_or(0)),
+                    .saturating_add(u.cache_write.unwrap_or(0)),
             ),
         })
     }

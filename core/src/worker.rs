@@ -379,7 +379,7 @@ impl Worker {
         let gov = self.gov.clone();
         borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
         let (mut flow, usage) = match stream {
-            Stream::Upstream { flow, usage } => (flow, usage.and_then(|s| s.total())),
+            Stream::Upstream { flow, usage } => (flow, usage.and_then(|s| s.usage())),
             Stream::AwaitingErrorBody { flow, .. } => (flow, None),
             Stream::Held { .. } => return drop(holds.forget(id, &mut env)),
             Stream::AwaitingFleet { mut flow, ask, .. } => {

@@ -35,7 +35,7 @@ fn contract_example_loads() {
     assert_eq!(
         (
             cfg.limits[0].kind,
-            cfg.limits[0].per_minute,
+            cfg.limits[0].per_window,
             cfg.limits[0].burst
         ),
         (LimitKind::Requests, 600, 50)
@@ -86,10 +86,77 @@ fn max_in_flight_limits_and_hold_off() {
     assert_eq!(
         (
             cfg.limits[0].kind,
-            cfg.limits[0].per_minute,
+            cfg.limits[0].per_window,
             cfg.limits[0].slot_lease_ms
         ),
         (LimitKind::InFlight, 8, 600_000)
+    );
+}
+
+/// One row per rate field: the kind of limit, what it counts, its window, and a burst of the
+/// window's amount unless one is given; the counting fields' defaults.
+#[test]
+fn every_rate_field_is_a_limit_of_its_window() {
+    use config::{Counts, OutputRule};
+    let rows: [(&str, LimitKind, Counts, u64); 6] = [
+        (
+            "requests_per_minute",
+            LimitKind::Requests,
+            Counts::Tokens,
+            60,
+        ),
+        (
+            "requests_per_day",
+            LimitKind::Requests,
+            Counts::Tokens,
+            86_400,
+        ),
+        ("tokens_per_minute", LimitKind::Tokens, Counts::Tokens, 60),
+        ("tokens_per_day", LimitKind::Tokens, Counts::Tokens, 86_400),
+        (
+            "input_tokens_per_minute",
+            LimitKind::Tokens,
+            Counts::InputTokens,
+            60,
+        ),
+        (
+            "output_tokens_per_minute",
+            LimitKind::Tokens,
+            Counts::OutputTokens,
+            60,
+        ),
+    ];
+    for (field, kind, counts, window_s) in rows {
+        let json = format!(r#"{{"limits": [{{"name": "l", "key": "account", "{field}": 7000}}]}}"#);
+        let cfg = config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{field}: {e}"));
+        let l = &cfg.limits[0];
+        assert_eq!(
+            (l.kind, l.per_window, l.window_s, l.burst),
+            (kind, 7000, window_s, 7000),
+            "{field}"
+        );
+        if kind == LimitKind::Tokens {
+            assert_eq!(l.counts, counts, "{field}");
+            assert_eq!(
+                (l.count_cache_reads, l.output, l.min_output_tokens),
+                (false, OutputRule::Generated, 64),
+                "{field}"
+            );
+        }
+        let json = format!(
+            r#"{{"limits": [{{"name": "l", "key": "account", "{field}": 7000, "burst": 9}}]}}"#
+        );
+        assert_eq!(config::parse(json.as_bytes()).unwrap().limits[0].burst, 9);
+    }
+    let cfg = config::parse(
+        br#"{"limits": [{"name": "i", "key": "account", "input_tokens_per_minute": 20000, "count_cache_reads": true},
+                        {"name": "o", "key": "account", "output_tokens_per_minute": 6000, "output": "max_tokens", "min_output_tokens": 0}]}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(cfg.limits[0].count_cache_reads);
+    assert_eq!(
+        (cfg.limits[1].output, cfg.limits[1].min_output_tokens),
+        (OutputRule::MaxTokens, 0)
     );
 }
 
@@ -142,10 +209,16 @@ fn invalid_configs_name_the_field() {
         (r#"{"preemptive": 1}"#, "preemptive: must be true or false, got a number"),
         (r#"{"max_keys": 0}"#, "max_keys: must be between 1 and 10000000"),
         // limits: what each counts, its name and its key
-        (r#"{"limits": [{"name": "x", "key": "header:x-t"}]}"#, "limits[0]: one of requests_per_minute, tokens_per_minute or max_in_flight is required"),
-        (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "tokens_per_minute": 1}]}"#, "limits[0]: set one of requests_per_minute, tokens_per_minute or max_in_flight, not several"),
-        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "requests_per_minute": 5}]}"#, "limits[0]: set one of requests_per_minute, tokens_per_minute or max_in_flight, not several"),
+        (r#"{"limits": [{"name": "x", "key": "header:x-t"}]}"#, "limits[0]: one of requests_per_minute, requests_per_day, tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute or max_in_flight is required"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "tokens_per_minute": 1}]}"#, "limits[0]: set one of requests_per_minute, requests_per_day, tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute or max_in_flight, not several"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "requests_per_minute": 5}]}"#, "limits[0]: set one of requests_per_minute, requests_per_day, tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute or max_in_flight, not several"),
         (r#"{"limits": [{"name": "x", "key": "header:x-t", "requests_per_minute": 0}]}"#, "limits[0].requests_per_minute: must be > 0"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_day": 0}]}"#, "limits[0].requests_per_day: must be > 0"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "tokens_per_day": 1000000001}]}"#, "limits[0].tokens_per_day: must be <= 1000000000"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "input_tokens_per_minute": -1}]}"#, "limits[0].input_tokens_per_minute: must be > 0"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "output_tokens_per_minute": 2.5}]}"#, "limits[0].output_tokens_per_minute: must be a positive integer"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "input_tokens_per_minute": 1, "output_tokens_per_minute": 1}]}"#, "limits[0]: set one of requests_per_minute, requests_per_day, tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute or max_in_flight, not several"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "requests_per_day": 1}]}"#, "limits[0]: set one of requests_per_minute, requests_per_day, tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute or max_in_flight, not several"),
         (r#"{"limits": [{"name": "x", "key": "header:x-t", "requests_per_minute": -3}]}"#, "limits[0].requests_per_minute: must be > 0"),
         (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1.5}]}"#, "limits[0].requests_per_minute: must be a positive integer"),
         (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 0}]}"#, "limits[0].max_in_flight: must be > 0"),
@@ -158,18 +231,26 @@ fn invalid_configs_name_the_field() {
         (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1}, {"name": "x", "key": "pool", "requests_per_minute": 1}]}"#, "limits[1].name: duplicate limit name \"x\""),
         // limits: the fields only some limits take
         (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 1, "burst": 0}]}"#, "limits[0].burst: must be > 0"),
-        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "burst": 5}]}"#, "limits[0].burst: applies to requests_per_minute and tokens_per_minute, not max_in_flight"),
-        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "burst": "x"}]}"#, "limits[0].burst: applies to requests_per_minute and tokens_per_minute, not max_in_flight"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "burst": 5}]}"#, "limits[0].burst: applies to the rates (requests_per_*, *tokens_per_*), not max_in_flight"),
+        (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "burst": "x"}]}"#, "limits[0].burst: applies to the rates (requests_per_*, *tokens_per_*), not max_in_flight"),
         (r#"{"limits": [{"name": "x", "key": "pool", "requests_per_minute": 2, "slot_lease_ms": 5000}]}"#, "limits[0].slot_lease_ms: applies to max_in_flight limits only"),
         (r#"{"limits": [{"name": "x", "key": "pool", "max_in_flight": 2, "slot_lease_ms": 10}]}"#, "limits[0].slot_lease_ms: must be between 1000 and 604800000"),
-        (r#"{"limits": [{"name": "r", "key": "pool", "requests_per_minute": 5, "reserve": true}]}"#, "limits[0].reserve: applies to tokens_per_minute limits only"),
+        (r#"{"limits": [{"name": "r", "key": "pool", "requests_per_minute": 5, "reserve": true}]}"#, "limits[0].reserve: applies to token limits only (tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute)"),
         (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": "yes"}]}"#, "limits[0].reserve: must be true or false, got a string"),
         (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": false, "default_output_tokens": 10}]}"#, "limits[0].default_output_tokens: applies only when reserve is true"),
         (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "default_output_tokens": -1}]}"#, "limits[0].default_output_tokens: must be an integer between 0 and 1048576"),
-        (r#"{"limits": [{"name": "t", "key": "pool", "max_in_flight": 5, "default_output_tokens": 1}]}"#, "limits[0].default_output_tokens: applies to tokens_per_minute limits only"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "max_in_flight": 5, "default_output_tokens": 1}]}"#, "limits[0].default_output_tokens: applies to token limits only (tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute)"),
         (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "settle": "later"}]}"#, "limits[0].settle: must be \"auto\", \"usage\" or \"reservation\", got \"later\""),
         (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_minute": 5, "reserve": false, "settle": "usage"}]}"#, "limits[0].settle: applies only when reserve is true"),
-        (r#"{"limits": [{"name": "t", "key": "pool", "requests_per_minute": 5, "settle": "usage"}]}"#, "limits[0].settle: applies to tokens_per_minute limits only"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "requests_per_minute": 5, "settle": "usage"}]}"#, "limits[0].settle: applies to token limits only (tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute)"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "output_tokens_per_minute": 5, "count_cache_reads": true}]}"#, "limits[0].count_cache_reads: applies to limits that count input tokens, not output_tokens_per_minute"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "requests_per_day": 5, "count_cache_reads": true}]}"#, "limits[0].count_cache_reads: applies to token limits only (tokens_per_minute, tokens_per_day, input_tokens_per_minute, output_tokens_per_minute)"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "input_tokens_per_minute": 5, "count_cache_reads": 1}]}"#, "limits[0].count_cache_reads: must be true or false, got a number"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "input_tokens_per_minute": 5, "output": "max_tokens"}]}"#, "limits[0].output: applies to limits that count output tokens, not input_tokens_per_minute"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "output_tokens_per_minute": 5, "output": "maximum"}]}"#, "limits[0].output: must be \"generated\" or \"max_tokens\", got \"maximum\""),
+        (r#"{"limits": [{"name": "t", "key": "pool", "tokens_per_day": 5, "reserve": false, "output": "max_tokens"}]}"#, "limits[0].output: applies only when reserve is true"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "output_tokens_per_minute": 5, "min_output_tokens": -1}]}"#, "limits[0].min_output_tokens: must be an integer between 0 and 1048576"),
+        (r#"{"limits": [{"name": "t", "key": "pool", "input_tokens_per_minute": 5, "min_output_tokens": 10}]}"#, "limits[0].min_output_tokens: applies to limits that count output tokens, not input_tokens_per_minute"),
         (r#"{"limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}]}"#, "limits[0].scope: \"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)"),
         (r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "max_in_flight": 1, "scope": "fleet"}]}"#, "limits[0].scope: max_in_flight is exact per Envoy; a fleet-wide cap is not offered"),
         (r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "global"}]}"#, "limits[0].scope: must be \"local\" or \"fleet\", got \"global\""),

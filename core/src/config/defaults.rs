@@ -1,7 +1,9 @@
 //! What every field left out of the configuration becomes, in one place: `Config::default()`
 //! is built from these, and the rules read them from here.
 
-use super::model::{Config, Cooldown, Hold, Match, OnError, Pool, RetryAfter, Scope, Settle};
+use super::model::{
+    Config, Cooldown, Hold, Match, OnError, OutputRule, Pool, RetryAfter, Scope, Settle,
+};
 use crate::classify::Dialect;
 
 // The top level.
@@ -43,15 +45,19 @@ pub(super) const DIALECT: Dialect = Dialect::Auto;
 
 // `limits[]`.
 
-/// A rate limit's burst: a minute's worth.
-pub(super) fn burst(per_minute: u64) -> u64 {
-    per_minute
+/// A rate limit's burst: the window's amount (a minute's, or a day's).
+pub(super) fn burst(per_window: u64) -> u64 {
+    per_window
 }
 pub(super) const SLOT_LEASE_MS: u64 = 600_000;
 pub(super) const RESERVE: bool = true;
 /// The output reserved for a request that sets no output limit (`default_output_tokens`).
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 1024;
 pub(super) const SETTLE: Settle = Settle::Auto;
+pub(super) const COUNT_CACHE_READS: bool = false;
+pub(super) const OUTPUT: OutputRule = OutputRule::Generated;
+/// The least a predicted output reserves (`min_output_tokens`).
+pub const MIN_OUTPUT_TOKENS: u64 = 64;
 pub(super) const SCOPE: Scope = Scope::Local;
 
 // `fleet` (the section itself is off unless given: it needs a cluster).

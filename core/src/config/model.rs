@@ -157,30 +157,84 @@ impl LimitKey {
 pub enum LimitKind {
     Requests,
     Tokens,
-    /// At most `per_minute` (the cap) requests of one key upstream at once.
+    /// At most `per_window` (the cap) requests of one key upstream at once.
     InFlight,
 }
+
+/// What a token limit counts of a request, as its provider counts that dimension (`counting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counts {
+    /// Input and output together (`tokens_per_minute`, `tokens_per_day`).
+    Tokens,
+    /// Input only (`input_tokens_per_minute`, Anthropic's ITPM).
+    InputTokens,
+    /// Output only (`output_tokens_per_minute`, Anthropic's OTPM).
+    OutputTokens,
+}
+
+impl Counts {
+    /// Whether the limit counts a request's input, its output.
+    pub fn input(self) -> bool {
+        self != Counts::OutputTokens
+    }
+    pub fn output(self) -> bool {
+        self != Counts::InputTokens
+    }
+}
+
+/// How the output of a request counts where its provider counts the tokens generated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputRule {
+    /// Predicted from recent usage before the call, settled with the tokens generated.
+    Generated,
+    /// The request's `max_tokens` is reserved (Anthropic's older documented rule), settled
+    /// with the tokens generated.
+    MaxTokens,
+}
+
+/// The window of a rate field: a minute, or a day.
+pub const MINUTE_S: u64 = 60;
+pub const DAY_S: u64 = 86_400;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
     pub key: LimitKey,
     pub kind: LimitKind,
-    /// Requests or tokens a minute; for `InFlight`, the cap.
-    pub per_minute: u64,
+    /// What a token limit counts (`Tokens` for other kinds: never read).
+    pub counts: Counts,
+    /// Requests or tokens per window; for `InFlight`, the cap.
+    pub per_window: u64,
+    /// The rate field's window in seconds: `MINUTE_S` or `DAY_S` (the bucket refills
+    /// `per_window` evenly over it; `RateLimit-Policy` says `w=` this).
+    pub window_s: u64,
     pub burst: u64,
     /// `InFlight` only: how long a slot whose stream never reported its end (its VM was
     /// replaced) is counted at most.
     pub slot_lease_ms: u64,
-    /// `Tokens` only: take the request's estimated input plus its output limit before
-    /// forwarding and settle with the reported usage at the end (false: admit while a token
-    /// is left and charge the usage after the response).
+    /// `Tokens` only: take what the request is predicted to count before forwarding and
+    /// settle with the reported usage at the end (false: admit while a token is left and
+    /// charge the usage after the response).
     pub reserve: bool,
-    /// `Tokens` only: the output reserved for a request that sets no output limit.
+    /// `Tokens` only: the output reserved for a request that sets no output limit (and, where
+    /// output is predicted, before any usage of its model was seen).
     pub default_output_tokens: u64,
     /// `Tokens` that reserve: what the reservation becomes when the stream ends.
     pub settle: Settle,
+    /// `Tokens` counting input: Anthropic's cache reads count too (models that count them).
+    pub count_cache_reads: bool,
+    /// `Tokens` counting output, where the provider counts the tokens generated.
+    pub output: OutputRule,
+    /// `Tokens` counting output, predicted: the least a prediction reserves.
+    pub min_output_tokens: u64,
     pub scope: Scope,
+}
+
+impl Limit {
+    /// The window in ms.
+    pub fn window_ms(&self) -> u64 {
+        self.window_s.saturating_mul(1000)
+    }
 }
 
 /// What a token reservation becomes at the end of its stream.

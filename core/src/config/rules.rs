@@ -2,12 +2,14 @@
 //! `Config`, or an error naming the field the way `tree` does (`limits[0].burst: ...`).
 
 use super::defaults;
-use super::model::{err, Config, ConfigError, Fleet, Limit, LimitKind, Match, Pool, Scope};
-use super::values::{
-    int_in, positive, Bounded, ClusterName, Flag, HeaderName, KeySpec, ScopeSpec, SettleSpec,
-    StatName, Text, UncheckedInt,
+use super::model::{
+    err, Config, ConfigError, Counts, Fleet, Limit, LimitKind, Match, Pool, Scope, DAY_S, MINUTE_S,
 };
-use super::wire::{ConfigDto, LimitDto, PoolDto, MAX_DURATION_MS, MAX_IN_FLIGHT, MAX_PER_MINUTE};
+use super::values::{
+    int_in, positive, Bounded, ClusterName, Flag, HeaderName, KeySpec, OutputSpec, ScopeSpec,
+    SettleSpec, StatName, Text, UncheckedInt,
+};
+use super::wire::{ConfigDto, LimitDto, PoolDto, MAX_DURATION_MS, MAX_IN_FLIGHT, MAX_PER_WINDOW};
 
 impl TryFrom<ConfigDto> for Config {
     type Error = ConfigError;
@@ -202,17 +204,23 @@ fn limit_from(mut dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
     let Some(KeySpec(key)) = dto.key.take() else {
         return Err(err(&format!("{at}.key"), "is required".into()));
     };
-    let (kind, per_minute) = counted(&dto, at)?;
+    let Rate {
+        kind,
+        counts,
+        window_s,
+        amount: per_window,
+    } = counted(&dto, at)?;
     let mut limit = LimitFields {
         at,
         kind,
+        counts,
         reserve: defaults::RESERVE,
     };
     let burst = limit
         .only("burst", dto.burst, &[RATE_LIMIT], |v| {
-            positive(v, MAX_PER_MINUTE)
+            positive(v, MAX_PER_WINDOW)
         })?
-        .unwrap_or(defaults::burst(per_minute));
+        .unwrap_or(defaults::burst(per_window));
     let slot_lease_ms = limit
         .only(
             "slot_lease_ms",
@@ -240,6 +248,30 @@ fn limit_from(mut dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             |SettleSpec(s)| Ok(s),
         )?
         .unwrap_or(defaults::SETTLE);
+    let count_cache_reads = limit
+        .only(
+            "count_cache_reads",
+            dto.count_cache_reads,
+            &[TOKEN_LIMIT, COUNTS_INPUT],
+            |Flag(b)| Ok(b),
+        )?
+        .unwrap_or(defaults::COUNT_CACHE_READS);
+    let output = limit
+        .only(
+            "output",
+            dto.output,
+            &[TOKEN_LIMIT, COUNTS_OUTPUT, RESERVING],
+            |OutputSpec(o)| Ok(o),
+        )?
+        .unwrap_or(defaults::OUTPUT);
+    let min_output_tokens = limit
+        .only(
+            "min_output_tokens",
+            dto.min_output_tokens,
+            &[TOKEN_LIMIT, COUNTS_OUTPUT, RESERVING],
+            |v| int_in(v, 0, crate::estimate::MAX_OUTPUT),
+        )?
+        .unwrap_or(defaults::MIN_OUTPUT_TOKENS);
     // Of the scopes, only `fleet` is refused to some limits.
     let fleet_wide: &[Need] = match dto.scope {
         Some(ScopeSpec(Scope::Fleet)) => &[FLEET_WIDE],
@@ -252,45 +284,117 @@ fn limit_from(mut dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
         name,
         key,
         kind,
-        per_minute,
+        counts,
+        per_window,
+        window_s,
         burst,
         slot_lease_ms,
         reserve: limit.reserve,
         default_output_tokens,
         settle,
+        count_cache_reads,
+        output,
+        min_output_tokens,
         scope,
     })
 }
 
+/// What a rate field says: the kind of limit, what it counts, over which window, how many.
+struct Rate {
+    kind: LimitKind,
+    counts: Counts,
+    window_s: u64,
+    amount: u64,
+}
+
 /// What a limit counts and how many, from the one field given of those that say it: one row
 /// per such field (a new rate is a row here, and its kind's answers in the `Need`s below).
-fn counted(dto: &LimitDto, at: &str) -> Result<(LimitKind, u64), ConfigError> {
+fn counted(dto: &LimitDto, at: &str) -> Result<Rate, ConfigError> {
+    use Counts::{InputTokens, OutputTokens, Tokens as AllTokens};
     use LimitKind::{InFlight, Requests, Tokens};
-    let rows: [(&str, Option<UncheckedInt>, LimitKind, u64); 3] = [
+    type Row = (
+        &'static str,
+        Option<UncheckedInt>,
+        LimitKind,
+        Counts,
+        u64,
+        u64,
+    );
+    let rows: [Row; 7] = [
         (
             "requests_per_minute",
             dto.requests_per_minute,
             Requests,
-            MAX_PER_MINUTE,
+            AllTokens,
+            MINUTE_S,
+            MAX_PER_WINDOW,
+        ),
+        (
+            "requests_per_day",
+            dto.requests_per_day,
+            Requests,
+            AllTokens,
+            DAY_S,
+            MAX_PER_WINDOW,
         ),
         (
             "tokens_per_minute",
             dto.tokens_per_minute,
             Tokens,
-            MAX_PER_MINUTE,
+            AllTokens,
+            MINUTE_S,
+            MAX_PER_WINDOW,
         ),
-        ("max_in_flight", dto.max_in_flight, InFlight, MAX_IN_FLIGHT),
+        (
+            "tokens_per_day",
+            dto.tokens_per_day,
+            Tokens,
+            AllTokens,
+            DAY_S,
+            MAX_PER_WINDOW,
+        ),
+        (
+            "input_tokens_per_minute",
+            dto.input_tokens_per_minute,
+            Tokens,
+            InputTokens,
+            MINUTE_S,
+            MAX_PER_WINDOW,
+        ),
+        (
+            "output_tokens_per_minute",
+            dto.output_tokens_per_minute,
+            Tokens,
+            OutputTokens,
+            MINUTE_S,
+            MAX_PER_WINDOW,
+        ),
+        (
+            "max_in_flight",
+            dto.max_in_flight,
+            InFlight,
+            AllTokens,
+            0,
+            MAX_IN_FLIGHT,
+        ),
     ];
     let mut given = rows
         .iter()
-        .filter_map(|&(field, value, kind, max)| Some((field, value?, kind, max)));
+        .filter_map(|&(field, value, kind, counts, w, max)| {
+            Some((field, value?, kind, counts, w, max))
+        });
     let fields = || {
         let [rest @ .., last] = rows.map(|row| row.0);
         format!("{} or {last}", rest.join(", "))
     };
     match (given.next(), given.next()) {
-        (Some((field, value, kind, max)), None) => positive(value, max)
-            .map(|n| (kind, n))
+        (Some((field, value, kind, counts, window_s, max)), None) => positive(value, max)
+            .map(|amount| Rate {
+                kind,
+                counts,
+                window_s,
+                amount,
+            })
             .map_err(|reason| err(&format!("{at}.{field}"), reason)),
         (Some(_), Some(_)) => Err(err(at, format!("set one of {}, not several", fields()))),
         (None, _) => Err(err(at, format!("one of {} is required", fields()))),
@@ -301,6 +405,7 @@ fn counted(dto: &LimitDto, at: &str) -> Result<(LimitKind, u64), ConfigError> {
 struct LimitFields<'a> {
     at: &'a str,
     kind: LimitKind,
+    counts: Counts,
     /// The default until `reserve` itself is read (the fields before it do not ask).
     reserve: bool,
 }
@@ -314,7 +419,7 @@ struct Need {
 // One row per condition; a field lists the ones it needs, checked in that order.
 const RATE_LIMIT: Need = Need {
     holds: |l| l.kind != LimitKind::InFlight,
-    otherwise: "applies to requests_per_minute and tokens_per_minute, not max_in_flight",
+    otherwise: "applies to the rates (requests_per_*, *tokens_per_*), not max_in_flight",
 };
 const IN_FLIGHT_LIMIT: Need = Need {
     holds: |l| l.kind == LimitKind::InFlight,
@@ -322,7 +427,16 @@ const IN_FLIGHT_LIMIT: Need = Need {
 };
 const TOKEN_LIMIT: Need = Need {
     holds: |l| l.kind == LimitKind::Tokens,
-    otherwise: "applies to tokens_per_minute limits only",
+    otherwise: "applies to token limits only (tokens_per_minute, tokens_per_day, \
+                input_tokens_per_minute, output_tokens_per_minute)",
+};
+const COUNTS_INPUT: Need = Need {
+    holds: |l| l.counts.input(),
+    otherwise: "applies to limits that count input tokens, not output_tokens_per_minute",
+};
+const COUNTS_OUTPUT: Need = Need {
+    holds: |l| l.counts.output(),
+    otherwise: "applies to limits that count output tokens, not input_tokens_per_minute",
 };
 const RESERVING: Need = Need {
     holds: |l| l.reserve,

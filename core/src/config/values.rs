@@ -1,7 +1,7 @@
 //! Leaf values: each type is one rule for one value, with the reason it gives when refused.
 //! The DTOs (`wire`) are built of these, so a field and its rule are written once.
 
-use super::model::{LimitKey, OnError, Scope, Settle};
+use super::model::{LimitKey, OnError, OutputRule, Scope, Settle};
 use crate::classify::Dialect;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -117,6 +117,16 @@ leaf!(
         "reservation" => Ok(Settle::Reservation),
         s => Err(format!(
             "must be \"auto\", \"usage\" or \"reservation\", got {s:?}"
+        )),
+    }
+);
+
+leaf!(
+    OutputSpec(OutputRule) = |v| match v.string()? {
+        "generated" => Ok(OutputRule::Generated),
+        "max_tokens" => Ok(OutputRule::MaxTokens),
+        s => Err(format!(
+            "must be \"generated\" or \"max_tokens\", got {s:?}"
         )),
     }
 );

@@ -3,7 +3,8 @@
 
 use super::values::{
     Authority, Bounded, ClusterName, DialectName, Domain, Flag, Fraction, HeaderName, Int, KeySpec,
-    Label, OnErrorSpec, PathPrefix, ScopeSpec, SettleSpec, StatName, Text, UncheckedInt,
+    Label, OnErrorSpec, OutputSpec, PathPrefix, ScopeSpec, SettleSpec, StatName, Text,
+    UncheckedInt,
 };
 use serde::Deserialize;
 
@@ -12,7 +13,8 @@ const MAX_POOLS: usize = 64;
 const MAX_LIMITS: usize = 64;
 const MAX_ACCOUNT_HEADERS: usize = 16;
 pub(super) const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
-pub(super) const MAX_PER_MINUTE: u64 = 1_000_000_000;
+/// The largest amount of a rate field, per minute or per day.
+pub(super) const MAX_PER_WINDOW: u64 = 1_000_000_000;
 const MAX_KEYS: u64 = 10_000_000;
 /// Envoy's `stream_idle_timeout` is 5 minutes by default, and a held request sends nothing.
 const MAX_HOLD_MS: u64 = 300_000;
@@ -94,13 +96,20 @@ pub(super) struct LimitDto {
     // Which of these may be given depends on the others, and that is said before what is
     // wrong with a value (`burst: applies to ... not max_in_flight`, not `must be > 0`).
     pub(super) requests_per_minute: Option<UncheckedInt>,
+    pub(super) requests_per_day: Option<UncheckedInt>,
     pub(super) tokens_per_minute: Option<UncheckedInt>,
+    pub(super) tokens_per_day: Option<UncheckedInt>,
+    pub(super) input_tokens_per_minute: Option<UncheckedInt>,
+    pub(super) output_tokens_per_minute: Option<UncheckedInt>,
     pub(super) max_in_flight: Option<UncheckedInt>,
     pub(super) burst: Option<UncheckedInt>,
     pub(super) slot_lease_ms: Option<UncheckedInt>,
     pub(super) reserve: Option<Flag>,
     pub(super) default_output_tokens: Option<UncheckedInt>,
     pub(super) settle: Option<SettleSpec>,
+    pub(super) count_cache_reads: Option<Flag>,
+    pub(super) output: Option<OutputSpec>,
+    pub(super) min_output_tokens: Option<UncheckedInt>,
     pub(super) scope: Option<ScopeSpec>,
 }
 

@@ -84,7 +84,7 @@ impl FleetLimits {
                     limit: i,
                     key: self.key(cfg, i, flow),
                     amount: if tokens {
-                        limits::reservation(&cfg.limits[i], flow).max(1)
+                        limits::reservation(&cfg.limits[i], flow).amount.max(1)
                     } else {
                         1
                     },

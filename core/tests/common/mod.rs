@@ -286,8 +286,17 @@ impl Host {
         self.call(|w, lent| w.on_end(id, lent));
     }
 
-    /// The stream of `flow` ended with the provider reporting `usage` tokens.
+    /// The stream of `flow` ended with the provider reporting `usage` tokens in all.
     pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
+        let usage = llm_governor_core::usage::Usage {
+            total: Some(usage),
+            ..Default::default()
+        };
+        self.end_with(flow, usage);
+    }
+
+    /// The stream of `flow` ended with the provider reporting `usage`.
+    pub fn end_with(&mut self, flow: &mut Flow, usage: llm_governor_core::usage::Usage) {
         self.with_env(|g, env| g.responses().on_stream_end(flow, Some(usage), env));
     }
 
