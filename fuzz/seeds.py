@@ -253,6 +253,23 @@ def main():
         sample = json.loads(line)
         corpus.add("request_estimate", sample["name"], json.dumps(sample["body"], ensure_ascii=False).encode()[:4096])
 
+    # Anthropic bodies with cache breakpoints (issue 32): system, tools, messages, odd places.
+    prompts = {
+        "system": {"model": "claude-sonnet-4-5", "max_tokens": 16000, "messages": [{"role": "user", "content": "hi"}],
+                   "system": [{"type": "text", "text": "You are an agent. " * 40, "cache_control": {"type": "ephemeral"}}]},
+        "conversation": {"max_tokens": 64, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "task"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x",
+                                           "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}],
+            "tools": [{"name": "read", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]},
+        "odd": {"cache_control": {"type": "ephemeral"}, "system": "plain", "messages": [
+            {"role": "user", "content": "s", "cache_control": {"type": "ephemeral", "ttl": "2d"}},
+            {"role": "user", "content": [{"type": "mystery", "cache_control": None}]}]},
+    }
+    for name, body in prompts.items():
+        corpus.add("prompt_prefixes", name, json.dumps(body).encode())
+
     corpus.write()
 
 

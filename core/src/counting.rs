@@ -50,13 +50,13 @@ pub fn counted(dialect: Dialect, usage: &Usage, cache_reads: bool) -> Option<Cou
     } = *usage;
     match dialect {
         Dialect::Anthropic => {
-            if input.is_none() && output.is_none() && cache_write.is_none() {
+            let read = if cache_reads { cache_read } else { None };
+            if input.is_none() && output.is_none() && cache_write.is_none() && read.is_none() {
                 return total.map(|t| Count {
                     input: t,
                     output: 0,
                 });
             }
-            let read = if cache_reads { cache_read } else { None };
             let input = [input, cache_write, read]
                 .into_iter()
                 .flatten()

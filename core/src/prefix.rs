@@ -158,14 +158,25 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    /// A block ends at `end`; `mark` is its `cache_control` ttl when it has one. False when no
-    /// more boundaries are followed.
-    fn boundary(&mut self, end: usize, mark: Option<u64>) -> bool {
-        let segment = &self.body[self.from..end];
+    /// A block ends at `end`; `mark` is its `cache_control` (ttl, and the bytes of the member)
+    /// when it has one. The member itself is not part of the prompt: a client moves its
+    /// breakpoint to the newest block each turn, and the provider still reads the older
+    /// prefix. False when no more boundaries are followed.
+    fn boundary(&mut self, end: usize, mark: Option<Mark>) -> bool {
+        let whole = &self.body[self.from..end];
+        let cut;
+        let segment = match mark {
+            Some(Mark { member: (s, e), .. }) if self.from <= s && e <= end => {
+                cut = [&self.body[self.from..s], &self.body[e..end]].concat();
+                &cut[..]
+            }
+            _ => whole,
+        };
         self.hash = self.key.mix(self.hash, self.key.id(segment));
         self.tokens = self
             .tokens
             .saturating_add(estimate::fragment_tokens(segment));
+        let mark = mark.map(|m| m.ttl_ms);
         self.from = end;
         self.bounds.push((self.hash, self.tokens));
         if let Some(ttl) = mark {
@@ -225,9 +236,9 @@ impl Walk<'_> {
                         }
                         last = Some(self.bounds.len() - 1);
                     }
-                    if let (Some(ttl), Some(i)) = (own_mark, last) {
+                    if let (Some(m), Some(i)) = (own_mark, last) {
                         if self.marks.len() < MAX_BREAKPOINTS {
-                            self.marks.push((i, ttl));
+                            self.marks.push((i, m.ttl_ms));
                         }
                     }
                 }
@@ -275,14 +286,26 @@ impl Walk<'_> {
     }
 }
 
-/// The lifetime a block's `cache_control` asks for, when the block (an object starting at
-/// `start`) has one: `"ttl": "1h"` an hour, anything else 5 minutes.
-fn breakpoint_of(b: &[u8], start: usize) -> Option<u64> {
+/// A block's `cache_control`: the lifetime it asks for, and the bytes of the member (with the
+/// comma that joins it to its neighbours).
+#[derive(Clone, Copy)]
+struct Mark {
+    ttl_ms: u64,
+    member: (usize, usize),
+}
+
+/// The `cache_control` of the block (an object starting at `start`), when it has one:
+/// `"ttl": "1h"` an hour, anything else 5 minutes.
+fn breakpoint_of(b: &[u8], start: usize) -> Option<Mark> {
     if b.get(start) != Some(&b'{') {
         return None;
     }
-    let (cs, _) = Members::new(b, start).find_map(|m| match m {
-        Member::Pair { key, value } if key == b"cache_control" => Some(value),
+    let (ks, (cs, ce)) = Members::new(b, start).find_map(|m| match m {
+        Member::Pair { key, value } if key == b"cache_control" => {
+            // The key's opening quote: just before the key's bytes.
+            let ks = key.as_ptr() as usize - b.as_ptr() as usize - 1;
+            Some((ks, value))
+        }
         _ => None,
     })?;
     if b[cs] != b'{' {
@@ -292,9 +315,20 @@ fn breakpoint_of(b: &[u8], start: usize) -> Option<u64> {
         Member::Pair { key, value } if key == b"ttl" => Some(&b[value.0..value.1]),
         _ => None,
     });
-    Some(match ttl {
-        Some(b"\"1h\"") => ONE_HOUR_MS,
-        _ => FIVE_MINUTES_MS,
+    // With the comma before it, or (first member) the one after it.
+    let before = b[..ks].iter().rposition(|c| !c.is_ascii_whitespace());
+    let after = skip_ws(b, ce);
+    let member = match (before.map(|i| b[i]), b.get(after)) {
+        (Some(b','), _) => (before.unwrap_or(ks), ce),
+        (_, Some(b',')) => (ks, skip_ws(b, after + 1)),
+        _ => (ks, ce),
+    };
+    Some(Mark {
+        ttl_ms: match ttl {
+            Some(b"\"1h\"") => ONE_HOUR_MS,
+            _ => FIVE_MINUTES_MS,
+        },
+        member,
     })
 }
 
