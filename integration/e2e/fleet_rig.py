@@ -211,6 +211,11 @@ def fleet_envoy(plugin_config: dict, upstream_port: int, rls_port: int, concurre
                  **kwargs)
 
 
+# The rate fields of a limit (README "Configuration"), each a window's amount.
+RATE_FIELDS = ("requests_per_minute", "requests_per_day", "tokens_per_minute", "tokens_per_day",
+               "input_tokens_per_minute", "output_tokens_per_minute")
+
+
 def limits_file(config: dict) -> str:
     """The Limitador limits file for a filter configuration's fleet limits, written from the
     contract's descriptor shape: one limit per fleet limit, matched on descriptors[0]['limit'],
@@ -220,12 +225,14 @@ def limits_file(config: dict) -> str:
     for limit in config.get("limits", []):
         if limit.get("scope") != "fleet":
             continue
-        amount = limit.get("requests_per_minute") or limit.get("tokens_per_minute")
+        # The one rate field a limit has, and its window.
+        field = next(f for f in RATE_FIELDS if f in limit)
+        seconds = 86400 if field.endswith("_per_day") else 60
         out.append(
             f"- namespace: {domain}\n"
             f"  name: {limit['name']}\n"
-            f"  max_value: {amount}\n"
-            f"  seconds: 60\n"
+            f"  max_value: {limit[field]}\n"
+            f"  seconds: {seconds}\n"
             f"  conditions: [\"descriptors[0]['limit'] == '{limit['name']}'\"]\n"
             f"  variables: [\"descriptors[0]['key']\"]\n"
         )

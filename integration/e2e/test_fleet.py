@@ -133,9 +133,9 @@ def test_the_shipped_limits_file_loads_in_limitador_server():
 
     parsed = yaml.safe_load(validate_limits((REPO_ROOT / "envoy" / "limitador" / "limits.yaml").read_text()))
     by_condition = {tuple(l["conditions"]): l for l in parsed}
-    for name in ("tenant-rpm", "tenant-tpm"):
+    for name, seconds in (("tenant-rpm", 60), ("tenant-tpm", 60), ("tenant-tpd", 86400)):
         limit = by_condition[(f"descriptors[0]['limit'] == '{name}'",)]
-        assert limit["namespace"] == "llm_governor" and limit["seconds"] == 60
+        assert limit["namespace"] == "llm_governor" and limit["seconds"] == seconds
         assert limit["variables"] == ["descriptors[0]['key']"]
 
 
@@ -176,6 +176,29 @@ def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
     # Every Envoy asked the fleet; the refusals are counted as fleet decisions.
     assert fleet.stat("fleet_calls_over_limit") >= 3 * RPM - seen
     assert fleet.stat("fleet_errors") == 0
+
+
+def test_per_day_and_per_dimension_budgets_are_the_fleets_too(simulator, sim):
+    """Issue 32: a `requests_per_day` fleet limit is a day's window in the service (`seconds:
+    86400` in the limits file, `w=86400` in the answer), and an `input_tokens_per_minute` one
+    reserves the request's input (the descriptor shape is the same)."""
+    config = {**CONFIG, "limits": [
+        {"name": "tenant-rpd", "key": "header:x-tenant-id", "requests_per_day": 3, "scope": "fleet"},
+        {"name": "tenant-itpm", "key": "header:x-tenant-id", "input_tokens_per_minute": 5000, "scope": "fleet"},
+    ]}
+    text = limits_file(config)
+    assert "name: tenant-rpd\n  max_value: 3\n  seconds: 86400\n" in text
+    assert "name: tenant-itpm\n  max_value: 5000\n  seconds: 60\n" in text
+    with Redis() as redis, rls_service(redis, text) as service, \
+            fleet_envoy(config, sim.port, service.port) as envoy:
+        tenant, key = new_tenant(), new_key()
+        statuses = [tenant_post(envoy, tenant, key, max_tokens=4000).status_code for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        r = tenant_post(envoy, tenant, key)
+        assert r.status_code == 429 and r.headers["x-llm-governor-source"] == "limit"
+        assert r.headers["ratelimit-policy"] == '"tenant-rpd";q=3;w=86400', dict(r.headers)
+        assert len(sim.requests_for(key)) == 3
+        assert envoy.pool_stat("openai", "fleet_errors") == 0
 
 
 def test_a_tenants_quota_holds_whichever_replica_serves_it(fleet, sim):

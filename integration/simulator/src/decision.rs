@@ -47,6 +47,12 @@ pub enum Reason {
     TokensExhausted,
     /// The request's count is over the `tpm` capacity: it never fits.
     TokensTooLarge,
+    /// The key's `itpm` bucket did not hold its uncached input and cache writes.
+    InputTokensExhausted,
+    /// The key's `otpm` bucket had no token left (output is counted as generated).
+    OutputTokensExhausted,
+    /// The key's `rpd` or `tpd` bucket did not hold the request.
+    DayExhausted,
     /// The scenario's `mode` applies (no `limit`, mode other than `ok`).
     Mode,
     /// Not a `POST`: 405.
@@ -62,12 +68,15 @@ impl Reason {
                 | Reason::Mode
                 | Reason::TokensExhausted
                 | Reason::TokensTooLarge
+                | Reason::InputTokensExhausted
+                | Reason::OutputTokensExhausted
+                | Reason::DayExhausted
         )
     }
 }
 
 /// Rate-limit values reported in headers, fully resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
     pub limit_requests: u64,
     pub remaining_requests: u64,
@@ -97,6 +106,9 @@ pub struct Decision {
     pub limits: Limits,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Anthropic's prompt cache: tokens read from it and written to it (`sim::prompt_cache`).
+    pub cache_read_tokens: u64,
+    pub cache_creation_tokens: u64,
     /// The `tpm` count of a targeted request, and the tokens in use when it came.
     pub tokens: Option<TokenUse>,
     pub latency_ms: u64,

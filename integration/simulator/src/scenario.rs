@@ -59,6 +59,13 @@ pub struct Tpm {
     pub tokens: u64,
 }
 
+/// A per-key bucket of requests per day (OpenAI's RPD), refilled evenly over the day.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rpd {
+    pub requests: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitValues {
@@ -91,6 +98,9 @@ pub struct Usage {
     pub input_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<u64>,
+    /// Each answer's output drawn uniformly from [min, max] (an agent's short answers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens_range: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -114,6 +124,18 @@ pub struct Scenario {
     pub limit: Option<Limit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tpm: Option<Tpm>,
+    /// Anthropic's input tokens per minute: uncached input plus cache writes (`sim::meters`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub itpm: Option<Tpm>,
+    /// Anthropic's output tokens per minute: the tokens generated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otpm: Option<Tpm>,
+    /// OpenAI's requests per day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rpd: Option<Rpd>,
+    /// OpenAI's tokens per day, counted as its TPM counts them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpd: Option<Tpm>,
     /// Most requests of one account key in flight at once; a targeted request arriving when
     /// this many are already in flight gets a 429.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -175,6 +197,36 @@ impl Scenario {
                     "invalid scenario: tpm.tokens: must be within 1..={}",
                     tpm::MAX_CAPACITY
                 ));
+            }
+        }
+        for (name, meter) in [
+            ("itpm", &self.itpm),
+            ("otpm", &self.otpm),
+            ("tpd", &self.tpd),
+        ] {
+            if meter
+                .as_ref()
+                .is_some_and(|t| !(1..=tpm::MAX_CAPACITY).contains(&t.tokens))
+            {
+                return Err(format!(
+                    "invalid scenario: {name}.tokens: must be within 1..={}",
+                    tpm::MAX_CAPACITY
+                ));
+            }
+        }
+        if self
+            .rpd
+            .as_ref()
+            .is_some_and(|r| !(1..=tpm::MAX_CAPACITY).contains(&r.requests))
+        {
+            return Err(format!(
+                "invalid scenario: rpd.requests: must be within 1..={}",
+                tpm::MAX_CAPACITY
+            ));
+        }
+        if let Some((lo, hi)) = self.usage.as_ref().and_then(|u| u.output_tokens_range) {
+            if lo > hi {
+                return Err("invalid scenario: usage.output_tokens_range: min > max".into());
             }
         }
         if self.max_concurrency == Some(0) {

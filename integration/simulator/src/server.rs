@@ -12,6 +12,7 @@ use crate::decision::Decision;
 use crate::http::{self, ParseError, Request, Response};
 use crate::providers::{self, Ctx, Route};
 use crate::scenario::Scenario;
+use crate::sim::prompt_cache::Prompt;
 use crate::sim::{ReqInfo, State};
 
 /// An idle keep-alive connection is closed after this long (long, so that a pooled upstream
@@ -119,6 +120,10 @@ pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
     let key = providers::account_key(req);
     let forced_status = (req.method != "POST").then_some(405);
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let prompt = (route.dialect == crate::dialect::Dialect::Anthropic)
+        .then(|| Prompt::of(&body))
+        .flatten();
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("-");
     let decision = lock(state).decide(
         &ReqInfo {
             method: &req.method,
@@ -128,6 +133,8 @@ pub fn handle(req: &Request, state: &Shared) -> (Response, Option<InFlight>) {
             est_input_tokens: providers::estimate_tokens(&req.body),
             max_output_tokens: providers::output_limit(&body),
             forced_status,
+            model,
+            prompt: prompt.as_ref(),
         },
         Instant::now(),
         SystemTime::now(),

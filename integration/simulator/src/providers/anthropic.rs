@@ -74,8 +74,8 @@ pub fn success(ctx: &Ctx) -> Response {
             "stop_sequence": null,
             "usage": {
                 "input_tokens": d.input_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": d.cache_creation_tokens,
+                "cache_read_input_tokens": d.cache_read_tokens,
                 "output_tokens": d.output_tokens,
                 "service_tier": "standard"
             }
@@ -88,8 +88,8 @@ pub fn success(ctx: &Ctx) -> Response {
             &json!({"type": "message_start", "message": {
                 "id": id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": d.input_tokens, "cache_creation_input_tokens": 0,
-                          "cache_read_input_tokens": 0, "output_tokens": 1,
+                "usage": {"input_tokens": d.input_tokens, "cache_creation_input_tokens": d.cache_creation_tokens,
+                          "cache_read_input_tokens": d.cache_read_tokens, "output_tokens": 1,
                           "service_tier": "standard"}
             }}),
         ),
@@ -133,6 +133,9 @@ pub fn error(ctx: &Ctx) -> Value {
         Outcome::RateLimited => {
             let what = match d.exhausted.unwrap_or_default() {
                 _ if d.reason == Reason::Concurrency => "on concurrent requests".to_string(),
+                Dimension::Requests if d.reason == Reason::DayExhausted => {
+                    "of requests per day".to_string()
+                }
                 Dimension::Requests => format!("of {} requests per minute", l.limit_requests),
                 Dimension::Tokens => format!("of {} tokens per minute", l.limit_tokens),
                 Dimension::InputTokens => {

@@ -1,8 +1,8 @@
 //! How a request counts: the usage its answer reports, what the scenario's `tpm` counts it as,
-//! and each key's token bucket. Every dialect counts the way OpenAI documents its TPM limit:
-//! the estimated input plus the output limit, taken from the key's bucket at admission. A
-//! provider that counts otherwise (Anthropic's input and output tokens per minute with prompt
-//! caching, OpenAI's per-day limits) is counted here.
+//! and each key's token bucket. `tpm` counts the way OpenAI documents its TPM limit: the
+//! estimated input plus the output limit, taken from the key's bucket at admission. Anthropic's
+//! input and output tokens per minute (with its prompt cache) and OpenAI's per-day limits are
+//! `meters` and `prompt_cache`; the usage they count is made here.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -27,11 +27,19 @@ pub struct RequestTokens {
 }
 
 impl RequestTokens {
-    pub fn of(req: &ReqInfo, usage: Option<&Usage>) -> RequestTokens {
+    /// `draw` gives a uniform number in [0, n) (the scenario's `output_tokens_range`).
+    pub fn of(
+        req: &ReqInfo,
+        usage: Option<&Usage>,
+        draw: &mut dyn FnMut(u64) -> u64,
+    ) -> RequestTokens {
         let input = usage
             .and_then(|u| u.input_tokens)
             .unwrap_or(req.est_input_tokens);
-        let output = usage.and_then(|u| u.output_tokens).unwrap_or(
+        let ranged = usage
+            .and_then(|u| u.output_tokens_range)
+            .map(|(lo, hi)| lo + draw(hi - lo + 1));
+        let output = usage.and_then(|u| u.output_tokens).or(ranged).unwrap_or(
             req.max_output_tokens
                 .map_or(DEFAULT_OUTPUT_TOKENS, |m| m.min(DEFAULT_OUTPUT_TOKENS)),
         );

@@ -79,6 +79,13 @@ pub fn exhaust(
 ) -> Option<Dimension> {
     let exhausted = match outcome {
         _ if reason == Reason::Concurrency => None,
+        _ if matches!(
+            reason,
+            Reason::InputTokensExhausted | Reason::OutputTokensExhausted | Reason::DayExhausted
+        ) =>
+        {
+            dimension
+        }
         _ if matches!(reason, Reason::TokensExhausted | Reason::TokensTooLarge) => {
             Some(Dimension::Tokens)
         }

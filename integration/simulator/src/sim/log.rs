@@ -31,6 +31,12 @@ pub struct LogEntry {
     pub counted_tokens: Option<u64>,
     /// Whole tokens left in the key's `tpm` bucket after this request.
     pub tokens_remaining: Option<u64>,
+    /// The usage its answer reports (a rejected request's too: what it would have counted):
+    /// uncached input, Anthropic's cache reads and writes, output.
+    pub input_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_creation_tokens: u64,
+    pub output_tokens: u64,
     /// Requests in flight when this one arrived, not counting itself: all keys, and this key.
     pub in_flight: u64,
     pub in_flight_key: u64,

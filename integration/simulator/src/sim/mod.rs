@@ -7,6 +7,8 @@ mod counting;
 mod in_flight;
 mod limits;
 mod log;
+mod meters;
+pub mod prompt_cache;
 mod run;
 #[cfg(test)]
 mod testing;
@@ -26,6 +28,8 @@ use crate::tpm::Take;
 use counting::{token_wait, RequestTokens, TokenBuckets, TokenCheck};
 use in_flight::{InFlight, CONCURRENCY_HINT_MS};
 use log::{LogEntry, RequestLog};
+use meters::{Counts, Meters};
+use prompt_cache::{Prompt, PromptCache};
 use run::Run;
 use window::{WindowCount, Windows};
 
@@ -39,6 +43,10 @@ pub struct ReqInfo<'a> {
     pub max_output_tokens: Option<u64>,
     /// Non-POST requests to provider paths are logged but always answered 405.
     pub forced_status: Option<u16>,
+    /// The body's `model` (the prompt cache is per account and model).
+    pub model: &'a str,
+    /// An Anthropic body's prompt blocks, when it marks cache breakpoints.
+    pub prompt: Option<&'a Prompt>,
 }
 
 pub struct State {
@@ -47,6 +55,10 @@ pub struct State {
     buckets: TokenBuckets,
     log: RequestLog,
     in_flight: InFlight,
+    meters: Meters,
+    cache: PromptCache,
+    /// xorshift64: the answers' lengths within `usage.output_tokens_range`.
+    rng: u64,
 }
 
 impl State {
@@ -57,6 +69,9 @@ impl State {
             buckets: TokenBuckets::default(),
             log: RequestLog::default(),
             in_flight: InFlight::default(),
+            meters: Meters::default(),
+            cache: PromptCache::default(),
+            rng: 0x9e37_79b9_7f4a_7c15,
         }
     }
 
@@ -71,6 +86,8 @@ impl State {
         self.run = Run::start(scenario);
         self.windows.clear();
         self.buckets.clear();
+        self.meters.clear();
+        self.cache.clear();
     }
 
     /// Back to the default scenario with an empty log and forgotten in-flight maxima.
@@ -91,23 +108,60 @@ impl State {
             .as_ref()
             .filter(|_| targeted)
             .map(|limit| self.windows.count(req.key, limit, now));
-        let tokens = RequestTokens::of(req, sc.usage.as_ref());
+        let rng = &mut self.rng;
+        let mut draw = |n: u64| {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            *rng % n.max(1)
+        };
+        let mut tokens = RequestTokens::of(req, sc.usage.as_ref(), &mut draw);
+        // Anthropic reads what it can of the prompt from its cache; input is what is left.
+        let given_input = sc.usage.as_ref().and_then(|u| u.input_tokens).is_some();
+        let cache_use = match (req.dialect, req.prompt) {
+            (Dialect::Anthropic, Some(p)) if !given_input => {
+                Some(self.cache.look(req.key, req.model, p, now))
+            }
+            _ => None,
+        };
+        let (cache_read, cache_written) = cache_use.map_or((0, 0), |u| (u.read, u.written));
+        tokens.input = tokens.input.saturating_sub(cache_read + cache_written);
+        let counts = Counts {
+            input: tokens.input + cache_written,
+            output: tokens.output,
+            admission: tokens.counted,
+        };
         // A targeted request's count is looked at here and charged below, only if it is served.
         let tpm = sc
             .tpm
             .as_ref()
             .filter(|_| targeted)
             .map(|t| self.buckets.check(req.key, t.tokens, tokens.counted, now));
+        let meter = if targeted {
+            self.meters.check(sc, req.key, counts, now)
+        } else {
+            None
+        };
 
         let in_flight = self.in_flight.now();
         let in_flight_key = self.in_flight.of(req.key);
-        let reason = reason(req, targeted, sc, window, tpm, in_flight_key);
+        let mut reason = reason(req, targeted, sc, window, tpm, in_flight_key);
+        if let (Reason::Ok | Reason::Concurrency, Some(m)) = (reason, meter) {
+            reason = m.reason;
+        }
         let outcome = outcome(reason, sc, req.dialect);
 
         let bucket = tpm.and_then(|check| {
             self.buckets
                 .settle(req.key, &check, reason == Reason::Ok, now)
         });
+        if reason == Reason::Ok && targeted {
+            self.meters.charge(sc, req.key, counts, now);
+        }
+        if let (Reason::Ok, Some(p), Some(used)) = (reason, req.prompt, cache_use.as_ref()) {
+            self.cache.serve(req.key, req.model, p, used, now);
+        }
+        let meter = meter.filter(|m| m.reason == reason);
         let hint_ms = if reason == Reason::Concurrency {
             CONCURRENCY_HINT_MS
         } else {
@@ -115,10 +169,15 @@ impl State {
                 .map(|s| (s * 1000.0).ceil() as u64)
                 .or(window.and_then(|w| w.admit_ms))
                 .or(token_wait(reason, tpm, bucket))
+                .or(meter.map(|m| m.wait_ms.max(1)))
                 .unwrap_or(1000)
         };
         let mut limits = limits::resolve(sc, window, bucket, &tokens);
-        let exhausted = limits::exhaust(&mut limits, reason, outcome, sc.dimension, hint_ms);
+        if targeted {
+            self.meters.report(sc, req.key, &mut limits, now);
+        }
+        let dimension = meter.map(|m| m.dimension).or(sc.dimension);
+        let exhausted = limits::exhaust(&mut limits, reason, outcome, dimension, hint_ms);
 
         let status = req
             .forced_status
@@ -134,6 +193,8 @@ impl State {
             limits,
             input_tokens: tokens.input,
             output_tokens: tokens.output,
+            cache_read_tokens: cache_read,
+            cache_creation_tokens: cache_written,
             tokens: tpm.map(|check| check.usage),
             latency_ms: sc.latency_ms.unwrap_or(0),
             stream_delay_ms: sc.stream_delay_ms.unwrap_or(0),
@@ -159,6 +220,10 @@ impl State {
             window_count: window.map(|w| w.count),
             counted_tokens: tpm.map(|check| check.usage.counted),
             tokens_remaining: bucket.map(|b| b.remaining),
+            input_tokens: decision.input_tokens,
+            cache_read_tokens: decision.cache_read_tokens,
+            cache_creation_tokens: decision.cache_creation_tokens,
+            output_tokens: decision.output_tokens,
             in_flight,
             in_flight_key,
         });
@@ -213,9 +278,12 @@ fn reason(
 fn outcome(reason: Reason, sc: &Scenario, dialect: Dialect) -> Outcome {
     let outcome = match reason {
         Reason::Ok | Reason::MethodNotAllowed => Outcome::Ok,
-        Reason::Concurrency | Reason::TokensExhausted | Reason::TokensTooLarge => {
-            Outcome::RateLimited
-        }
+        Reason::Concurrency
+        | Reason::TokensExhausted
+        | Reason::TokensTooLarge
+        | Reason::InputTokensExhausted
+        | Reason::OutputTokensExhausted
+        | Reason::DayExhausted => Outcome::RateLimited,
         Reason::WindowFull | Reason::Mode => match sc.mode {
             Mode::Ok | Mode::RateLimited => Outcome::RateLimited,
             Mode::Quota => Outcome::Quota,

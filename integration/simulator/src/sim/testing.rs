@@ -13,6 +13,8 @@ pub fn info(key: &str) -> ReqInfo<'_> {
         est_input_tokens: 10,
         max_output_tokens: None,
         forced_status: None,
+        model: "m",
+        prompt: None,
     }
 }
 
