@@ -117,6 +117,17 @@ pub struct Prediction {
     pub hit: Option<usize>,
     /// A high quantile of recent output of the request's (pool, model) (None: none seen yet).
     pub output: Option<u64>,
+    /// The learned ratio of the input the provider counts to the filter's estimate, per
+    /// mille (None: not learned yet; providers that count generated output only).
+    pub input_per_mille: Option<u64>,
+}
+
+/// `tokens` of the filter's estimate, as the provider's tokenizer counts them (`per_mille`).
+pub fn scaled(tokens: u64, per_mille: Option<u64>) -> u64 {
+    match per_mille {
+        Some(r) => u64::try_from(u128::from(tokens) * u128::from(r) / 1000).unwrap_or(u64::MAX),
+        None => tokens,
+    }
 }
 
 /// What a reserving limit takes before the call: `amount`, of which `firm` is counted by rule
@@ -132,8 +143,8 @@ pub struct Reserve {
 /// The count a reserving limit takes of a request (`settle` as resolved for its dialect):
 /// - `Reservation` (OpenAI's rule): the larger of the estimate and the body's characters / 4,
 ///   plus the output limit (`default_output_tokens` when it sets none);
-/// - otherwise the estimated input, less a prefix predicted to be read from the cache (unless
-///   cache reads count), plus, where the provider counts tokens generated and the limit does
+/// - otherwise the estimated input (scaled by the learned ratio to the provider's count), less
+///   a prefix predicted to be read from the cache (unless cache reads count), plus, where the provider counts tokens generated and the limit does
 ///   not say `output: "max_tokens"`, the predicted output (at least `min_output_tokens`, never
 ///   more than the output limit; before any usage was seen, the output limit up to
 ///   `default_output_tokens`), else the output limit.
@@ -150,6 +161,10 @@ pub fn reservation(
         _ if by_rule => est.input_by_characters(),
         Some(uncached) if !limit.count_cache_reads => uncached,
         _ => est.input,
+    };
+    let input = match by_rule {
+        true => input,
+        false => scaled(input, predicted.input_per_mille),
     };
     let predicts_output =
         !by_rule && limit.output == OutputRule::Generated && counts_generated_output(dialect);

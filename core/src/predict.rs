@@ -21,17 +21,51 @@ use crate::usage::Usage;
 pub const SAMPLES: usize = 32;
 /// The quantile reserved: the 90th percentile of the recent outputs.
 const QUANTILE_PCT: usize = 90;
-const ENCODED_LEN: usize = SAMPLES * 4 + 2;
+/// Input ratios remembered per (pool, model); the median of them scales the estimate once
+/// `MIN_RATIOS` are in.
+pub const RATIOS: usize = 16;
+const MIN_RATIOS: usize = 4;
+/// A ratio is learned from a prediction of at least this many tokens (smaller ones are noise).
+const MIN_RATIO_BASE: u64 = 16;
+/// The estimate is scaled by at most this much either way (per mille).
+const RATIO_RANGE: (u64, u64) = (500, 2000);
+const ENCODED_LEN: usize = SAMPLES * 4 + 2 + RATIOS * 2 + 2;
 
-/// The recent outputs of a (pool, model), oldest overwritten first.
+/// The recent outputs of a (pool, model), oldest overwritten first; and the recent ratios of
+/// the input the provider counted to the filter's estimate of it (the estimate is a heuristic,
+/// the provider's tokenizer its own: the median ratio calibrates one to the other).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recent {
     samples: [u32; SAMPLES],
     len: u8,
     next: u8,
+    ratios: [u16; RATIOS],
+    ratios_len: u8,
+    ratios_next: u8,
 }
 
 impl Recent {
+    /// One more ratio of counted to estimated input, per mille.
+    pub fn with_ratio(mut self, per_mille: u64) -> Recent {
+        let at = usize::from(self.ratios_next) % RATIOS;
+        self.ratios[at] = per_mille.clamp(RATIO_RANGE.0, RATIO_RANGE.1) as u16;
+        self.ratios_next = ((at + 1) % RATIOS) as u8;
+        self.ratios_len = (usize::from(self.ratios_len) + 1).min(RATIOS) as u8;
+        self
+    }
+
+    /// The median ratio, per mille, once enough are in.
+    pub fn ratio(&self) -> Option<u64> {
+        let n = usize::from(self.ratios_len).min(RATIOS);
+        if n < MIN_RATIOS {
+            return None;
+        }
+        let mut seen = self.ratios;
+        let seen = &mut seen[..n];
+        seen.sort_unstable();
+        Some(u64::from(seen[n / 2]))
+    }
+
     pub fn with(mut self, output: u64) -> Recent {
         let at = usize::from(self.next) % SAMPLES;
         self.samples[at] = u32::try_from(output).unwrap_or(u32::MAX);
@@ -61,6 +95,15 @@ impl Record for Recent {
             out.extend_from_slice(&s.to_le_bytes());
         }
         out.extend_from_slice(&Writer::<2>::default().u8(self.len).u8(self.next).done());
+        for r in self.ratios {
+            out.extend_from_slice(&r.to_le_bytes());
+        }
+        out.extend_from_slice(
+            &Writer::<2>::default()
+                .u8(self.ratios_len)
+                .u8(self.ratios_next)
+                .done(),
+        );
         out
     }
 
@@ -72,6 +115,11 @@ impl Record for Recent {
         }
         recent.len = r.u8()?.min(SAMPLES as u8);
         recent.next = r.u8()? % SAMPLES as u8;
+        for x in &mut recent.ratios {
+            *x = r.u16()?;
+        }
+        recent.ratios_len = r.u8()?.min(RATIOS as u8);
+        recent.ratios_next = r.u8()? % RATIOS as u8;
         Some(recent)
     }
 }
@@ -120,12 +168,13 @@ pub(crate) fn before(cfg: &Config, needs: Needs, flow: &mut Flow, env: &Env) {
                 .map(|c| c.uncached);
         }
     }
-    if needs.output && counting::counts_generated_output(flow.dialect) {
+    if counting::counts_generated_output(flow.dialect) {
         let key = keys::usage_key(&cfg.pools[flow.pool].name, flow.model_id);
-        p.output = match env.store.get(&key) {
-            Ok(Some((bytes, _))) => Recent::from_bytes(&bytes).and_then(|r| r.quantile()),
-            _ => None,
-        };
+        if let Ok(Some((bytes, _))) = env.store.get(&key) {
+            let recent = Recent::from_bytes(&bytes).unwrap_or_default();
+            p.output = recent.quantile().filter(|_| needs.output);
+            p.input_per_mille = recent.ratio();
+        }
     }
     flow.predicted = p;
 }
@@ -157,22 +206,35 @@ pub(crate) fn learn(cfg: &Config, needs: Needs, flow: &Flow, usage: &Usage, env:
     let Some(count) = counting::counted(flow.dialect, usage, false) else {
         return;
     };
+    let Some(est) = flow.estimate else { return };
+    let p = flow.predicted;
+    // The input as predicted for the limits that reserve it (what a cache read leaves), before
+    // and after the learned scale.
+    let raw = p.uncached_input.unwrap_or(est.input);
     if needs.cache_reads {
-        if let Some(est) = flow.estimate {
-            let predicted = flow.predicted.uncached_input.unwrap_or(est.input);
-            let err = error_pct(predicted, count.input);
-            env.metrics
-                .histogram(flow.pool, Histogram::InputPredictionErrorPct, err);
-        }
+        let err = error_pct(counting::scaled(raw, p.input_per_mille), count.input);
+        env.metrics
+            .histogram(flow.pool, Histogram::InputPredictionErrorPct, err);
     }
-    if !(needs.output && counting::counts_generated_output(flow.dialect)) || usage.output.is_none()
-    {
+    if !counting::counts_generated_output(flow.dialect) {
         return;
     }
-    if let Some(predicted) = flow.predicted.output {
-        let err = error_pct(predicted, count.output);
-        env.metrics
-            .histogram(flow.pool, Histogram::OutputPredictionErrorPct, err);
+    // A ratio is learned only where the cache did what was predicted: a usage that
+    // contradicts the prediction (a read where none was predicted, or none where one was)
+    // says nothing of the estimate's scale.
+    let read = usage.cache_read.unwrap_or(0) > 0;
+    let agrees = !counting::caches_prompts(flow.dialect) || read == p.hit.is_some();
+    let ratio = (agrees && raw >= MIN_RATIO_BASE).then(|| count.input.saturating_mul(1000) / raw);
+    let output = (needs.output && usage.output.is_some()).then_some(count.output);
+    if let (Some(predicted), Some(actual)) = (p.output, output) {
+        env.metrics.histogram(
+            flow.pool,
+            Histogram::OutputPredictionErrorPct,
+            error_pct(predicted, actual),
+        );
+    }
+    if ratio.is_none() && output.is_none() {
+        return;
     }
     let key = keys::usage_key(&cfg.pools[flow.pool].name, flow.model_id);
     let pool = flow.pool;
@@ -181,7 +243,14 @@ pub(crate) fn learn(cfg: &Config, needs: Needs, flow: &Flow, usage: &Usage, env:
     }
     let empty = Recent::default();
     keyspace::modify(env, pool, &key, None, Some(&empty), |r: Option<Recent>| {
-        (Some(r.unwrap_or_default().with(count.output)), ())
+        let mut r = r.unwrap_or_default();
+        if let Some(o) = output {
+            r = r.with(o);
+        }
+        if let Some(x) = ratio {
+            r = r.with_ratio(x);
+        }
+        (Some(r), ())
     });
 }
 
@@ -203,6 +272,12 @@ mod tests {
         // Only the last SAMPLES count: 40 small answers after a long one forget it.
         let r = (0..40).fold(Recent::default().with(16_000), |r, _| r.with(100));
         assert_eq!(r.quantile(), Some(100));
+        assert_eq!(Recent::from_bytes(&r.to_bytes()), Some(r.clone()));
+        // The median ratio, once four are in, within its range.
+        let r = [1300, 1400, 1350].iter().fold(r, |r, x| r.with_ratio(*x));
+        assert_eq!(r.ratio(), None);
+        let r = r.with_ratio(90_000);
+        assert_eq!(r.ratio(), Some(1400));
         assert_eq!(Recent::from_bytes(&r.to_bytes()), Some(r));
         assert_eq!(Recent::from_bytes(&[0; 3]), None);
         assert_eq!(error_pct(110, 100), 10);

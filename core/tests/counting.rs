@@ -130,6 +130,7 @@ fn a_reservation_follows_the_providers_rule() {
         uncached_input: Some(500),
         hit: Some(0),
         output: Some(280),
+        input_per_mille: None,
     };
     let cold = Prediction::default();
     let none_max = Estimate {
