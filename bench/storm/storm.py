@@ -102,6 +102,22 @@ TPM_COLUMNS = [
     ("overshoot (requests)", "overshoot_requests", "{:.1f}"),
     ("p50 to completion", "p50_ms", "{:,.0f} ms"),
 ]
+# The agents storm (issue 32): a provider that counts as Anthropic documents.
+AGENT_COLUMNS = [
+    ("calls", "calls", "{:.0f}"),
+    ("completed", "completed", "{:.0f}"),
+    ("served in 40 s", "served_in_run", "{:.0f}"),
+    ("provider admits on its own", "provider_admits", "{:.0f}"),
+    ("served / admits", "of_provider_admits", "{:.0%}"),
+    ("provider 429s", "provider_429s", "{:.0f}"),
+    ("of them input", "input_429s", "{:.0f}"),
+    ("of them output", "output_429s", "{:.0f}"),
+    ("client-visible 429s", "client_429s", "{:.0f}"),
+    ("of them local", "client_local_429s", "{:.0f}"),
+    ("p50", "p50_ms", "{:,.0f} ms"),
+    ("p99", "p99_ms", "{:,.0f} ms"),
+    ("input prediction median error", "input_error_p50_pct", "{:.1f} %"),
+]
 OPTIONAL_COLUMNS = [
     ("p99 / schedule minimum", "p99_over_schedule_min", "{:.3f}"),
     ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
@@ -122,7 +138,9 @@ def cell(rows: list, figure: str, fmt: str) -> str:
 
 def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
-    if any("backup_requests" in r for r in rows):
+    if any("served_in_run" in r for r in rows):
+        columns = AGENT_COLUMNS
+    elif any("backup_requests" in r for r in rows):
         columns = FAILOVER_COLUMNS
     elif any("token_429s" in r for r in rows):
         columns = TPM_COLUMNS
@@ -215,6 +233,13 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup, art
                          f"after its first wave of {r['primary_first_wave']}; backup {r['backup_requests']} req, "
                          f"{r['backup_429s']} 429s, {r['backup_late_429s']} after its first wave of "
                          f"{r['backup_first_wave']}; {r['backup_ok']} served by backup]")
+            if "served_in_run" in r:
+                print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']} of {r['calls']} calls "
+                      f"completed, {r['served_in_run']} served in the run of {r['provider_admits']} the provider "
+                      f"admits, {r['provider_429s']} provider 429s ({r['input_429s']} input, {r['output_429s']} "
+                      f"output), {r['client_local_429s']} local 429s, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+                      f"input prediction p50 error {r['input_error_p50_pct']} % [{time.time() - t:.1f}s]", flush=True)
+                continue
             if "token_429s" in r:
                 print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']} of {r['calls']} calls "
                       f"completed, {r['upstream_requests']} provider requests, {r['token_429s']} token 429s "

@@ -63,6 +63,8 @@ Token storms (issue 12; the provider's `tpm` bucket, clients calling in a loop):
 
 from __future__ import annotations
 
+import statistics
+
 import math
 import random
 from typing import NamedTuple, Optional
@@ -216,6 +218,8 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         })
     if storm.tpm_tokens:
         out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))
+    if storm.itpm_tokens:
+        out.update(agent_figures(storm, entries, t0_unix_ms, gateway_info))
     if storm.schedule_min_ms:
         out["schedule_min_ms"] = storm.schedule_min_ms
         out["p99_over_schedule_min"] = None if p99 is None else round(p99 / storm.schedule_min_ms, 3)
@@ -232,6 +236,46 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
 
 
 TOKEN_DECISIONS = ("tokens_exhausted", "tokens_too_large")
+
+
+def agent_figures(storm: Storm, entries: list, t0_unix_ms: float, gateway_info: dict) -> dict:
+    """The agents storm's figures (issue 32), from the simulator's log of the run's key.
+
+    - **served in the run**: the provider's 200s that arrived before `duration_s` (calls still
+      held or on their way at the end are not in it).
+    - **the provider admits on its own**: what its two buckets can count over the run (capacity
+      plus refill over `duration_s`), in calls of the run's mean count per served call (input:
+      uncached input + cache writes; output: tokens generated); the fewer of the two.
+    - **provider 429s**: by the dimension the simulator refused (`input_tokens_exhausted`,
+      `output_tokens_exhausted`).
+    - **input prediction median error**: the gateway's `input_prediction_error_pct` histogram's
+      cumulative median (|reserved input - counted input| / counted, in %).
+    """
+    d_ms = storm.duration_s * 1000
+    served = [q for q in entries if int(q["status"]) == 200]
+    in_run = [q for q in served if q["unix_ms"] - t0_unix_ms < d_ms]
+    inputs = [q.get("input_tokens", 0) + q.get("cache_creation_tokens", 0) for q in served]
+    outputs = [q.get("output_tokens", 0) for q in served]
+    budget = lambda per_minute: per_minute * (1 + storm.duration_s / 60)  # noqa: E731
+    by_input = budget(storm.itpm_tokens) / statistics.mean(inputs) if inputs else None
+    by_output = budget(storm.otpm_tokens) / statistics.mean(outputs) if outputs else None
+    bounds = [b for b in (by_input, by_output) if b]
+    admits = min(bounds) if bounds else None
+    return {
+        "served_in_run": len(in_run),
+        "admits_by_input": None if by_input is None else round(by_input, 1),
+        "admits_by_output": None if by_output is None else round(by_output, 1),
+        "provider_admits": None if admits is None else round(admits, 1),
+        "of_provider_admits": None if not admits else round(len(in_run) / admits, 3),
+        "input_429s": sum(1 for q in entries if q.get("decision") == "input_tokens_exhausted"),
+        "output_429s": sum(1 for q in entries if q.get("decision") == "output_tokens_exhausted"),
+        "mean_input_counted": round(statistics.mean(inputs), 1) if inputs else None,
+        "mean_output_counted": round(statistics.mean(outputs), 1) if outputs else None,
+        "cache_reads": sum(q.get("cache_read_tokens", 0) for q in served),
+        "input_error_p50_pct": gateway_info.get("input_prediction_error_pct_p50"),
+        "output_error_p50_pct": gateway_info.get("output_prediction_error_pct_p50"),
+        "held": gateway_info.get("held", 0),
+    }
 
 
 def overshoot(sent: list, tpm: int) -> tuple:

@@ -309,6 +309,83 @@ class LoopClients(SdkClients):
             call += 1
 
 
+class AgentClients:
+    """`storm.clients` coding agents on the official `anthropic` SDK (`AsyncAnthropic` with its
+    default retries, 60 s timeout, its own connection), each a conversation until
+    `storm.duration_s`: the shared system prompt (`storm.system_chars` of prose, marked
+    `cache_control`), the turns so far with a breakpoint on the newest block (as agent SDKs
+    place them), `max_tokens` `storm.max_tokens`. Each turn adds the answer and a tool result of
+    400 to 1,200 characters; after 6 turns a new task starts. A response hook records every
+    answer."""
+
+    TURNS = 6
+
+    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+        import anthropic
+
+        self.storm, self.clock = storm, clock
+        self.warming = True
+        self.current: list = [[] for _ in range(storm.clients)]
+        root = base_url[:-len("/v1")] if base_url.endswith("/v1") else base_url
+        self.clients = [
+            anthropic.AsyncAnthropic(
+                base_url=root, api_key=api_key, timeout=60.0,
+                http_client=anthropic.DefaultAsyncHttpxClient(event_hooks={"response": [self._hook(i)]}),
+            )
+            for i in range(storm.clients)
+        ]
+        self.system = [{"type": "text", "text": prose(storm.system_chars, random.Random(storm.seed)),
+                        "cache_control": {"type": "ephemeral"}}]
+        self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
+
+    def _hook(self, i: int):
+        async def on_response(response):
+            if not self.warming:
+                self.current[i].append(attempt_from(self.clock.now_ms(), response.status_code, response.headers))
+        return on_response
+
+    async def prepare(self) -> None:
+        await warm_up(self.clients)
+        self.warming = False
+
+    def task(self, i: int) -> list:
+        return [("user", "Here is the next task. " + prose(self.rng[i].randint(400, 1200), self.rng[i]))]
+
+    @staticmethod
+    def messages(turns: list) -> list:
+        """The turns as the SDK sends them, the newest block marked as a breakpoint."""
+        out = [{"role": role, "content": [{"type": "text", "text": text}]} for role, text in turns]
+        out[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        return out
+
+    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
+        await go.wait()
+        call, turns = 0, self.task(i)
+        while self.clock.now_ms() < self.storm.duration_s * 1000:
+            self.current[i] = attempts = []
+            start = self.clock.now_ms()
+            try:
+                answer = await self.clients[i].messages.create(
+                    model="claude-sonnet-4-5", max_tokens=self.storm.max_tokens, system=self.system,
+                    messages=self.messages(turns))
+                ok, error = True, ""
+                text = "".join(getattr(b, "text", "") for b in answer.content) or "ok"
+                turns = turns + [("assistant", text), ("user", "Tool result: " + prose(self.rng[i].randint(400, 1200), self.rng[i]))]
+                if len(turns) > 2 * self.TURNS:
+                    turns = self.task(i)
+            except asyncio.CancelledError:
+                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts))
+                raise
+            except Exception as err:  # noqa: BLE001 - every failure is a data point
+                ok, error = False, type(err).__name__
+            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
+            call += 1
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+
+
 class ScheduledClients:
     """Raw clients making at most `max_attempts` attempts inside `budget_ms`, on the published
     fixed schedule ("fixed") or obeying the hint as the SDKs read it ("obey")."""
@@ -373,7 +450,7 @@ async def run_clients(storm: Storm, base_url: str, api_key: str, clock: Clock,
     """Releases every client at once (on_release runs just before t = 0) and returns one
     CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"
     (a "loop" storm has no fixed number of calls: only the one each client was making)."""
-    kind = {"sdk": SdkClients, "loop": LoopClients}.get(storm.client_kind, ScheduledClients)
+    kind = {"sdk": SdkClients, "loop": LoopClients, "agents": AgentClients}.get(storm.client_kind, ScheduledClients)
     clients = kind(storm, base_url, api_key, clock)
     await clients.prepare()
     results: list = [[] for _ in range(storm.clients)]

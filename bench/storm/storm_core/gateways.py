@@ -49,6 +49,17 @@ GOVERNOR_CONFIGS = {
     # The limit as a user writes it: reserve and settle left to their defaults (auto).
     "e-tpm-default": {"pools": POOLS, "limits": [TPM_LIMIT]},
 }
+# The agents storm (issue 32): an Anthropic pool, and the provider's published limits written as
+# one `tokens_per_minute` (the input limit, as a new user would) or per dimension.
+ANTHROPIC_POOLS = [{"name": "anthropic", "match": {"path_prefix": "/v1/messages"}, "dialect": "anthropic"}]
+GOVERNOR_CONFIGS.update({
+    "e-agents-tpm": {"pools": ANTHROPIC_POOLS,
+                     "limits": [{"name": "tpm", "key": "account", "tokens_per_minute": 20_000}]},
+    "e-agents-dims": {"pools": ANTHROPIC_POOLS, "limits": [
+        {"name": "itpm", "key": "account", "input_tokens_per_minute": 20_000},
+        {"name": "otpm", "key": "account", "output_tokens_per_minute": 6_000},
+    ]},
+})
 # (e-fo): the same pool with a fallback pool (README "Failover"), reached only by steering; its
 # account is the label of the credential Envoy injects on the fallback route.
 FAILOVER_POOLS = [
@@ -61,7 +72,7 @@ FAILOVER_CONFIGS = {"e-fo": {"pools": FAILOVER_POOLS}}
 BACKUP_KEY = "sk-storm-backup-injected"
 # The filter's gauges (README "Stats"): not summed over a storm.
 GAUGES = ("remaining_", "limit_", "reset_", "held_requests", "in_flight")
-LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None}
+LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None, "d-agents": None}
 
 CONFIG_NAMES = {
     "a": "no gateway",
@@ -77,6 +88,9 @@ CONFIG_NAMES = {
     "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation (what auto, the default, does for OpenAI)",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
     "e-tpm-default": "Envoy + llm-governor, tokens_per_minute 20,000, the defaults (reserve, settle: auto)",
+    "e-agents-tpm": "Envoy + llm-governor, tokens_per_minute 20,000",
+    "e-agents-dims": "Envoy + llm-governor, input_tokens_per_minute 20,000 + output_tokens_per_minute 6,000",
+    "d-agents": "LiteLLM, the deployment's input/output token limits",
     "f": "Envoy + llm-governor, escalate",
     "g": "Envoy + llm-governor, hold off",
     "x-once": "3 Envoys, LB 60/30/10, local limits written once",
@@ -238,15 +252,27 @@ class EnvoyGateway(Gateway):
         stats = self.envoy.stats()
         governor = self.envoy.governor_stats()  # by wasm name, for either artifact
         out: dict = {}
-        for pool, label in (("openai", ""), ("openai-backup", "backup.")):
+        for pool, label in (("openai", ""), ("openai-backup", "backup."), ("anthropic", "")):
             prefix = f"wasmcustom.llm_governor.pool.{pool}."
-            out.update({label + k[len(prefix):]: v for k, v in governor.items()
-                        if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES)})
+            for k, v in governor.items():
+                if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES):
+                    out[label + k[len(prefix):]] = out.get(label + k[len(prefix):], 0) + v
+        # The prediction errors' medians (issue 32), from the histograms' cumulative quantiles.
+        for name, h in stats.items():
+            for which in ("input_prediction_error_pct", "output_prediction_error_pct"):
+                if which in name and isinstance(h, dict) and "anthropic" in name:
+                    out[which + "_p50"] = histogram_p50(h)
         out["upstream_rq_retry"] = stats.get("cluster.provider.upstream_rq_retry", 0)
         out["upstream_rq_total"] = stats.get("cluster.provider.upstream_rq_total", 0)
         if self.has_backup:
             out["backup.upstream_rq_total"] = stats.get("cluster.backup.upstream_rq_total", 0)
         return out
+
+
+def histogram_p50(h: dict) -> Optional[float]:
+    """The cumulative median of an Envoy histogram in the admin API's JSON (quantile 0.5)."""
+    values = h.get("values") or []
+    return values[2].get("cumulative") if len(values) > 2 else None
 
 
 class LiteLLMGateway(Gateway):
@@ -514,6 +540,18 @@ def lb_bootstrap(ports: list) -> dict:
     return boot
 
 
+class LiteLLMAgents(Gateway):
+    """(d-agents): LiteLLM's input/output token limiter in front of Anthropic's /v1/messages.
+    Not wired: reported as not run, with the reason."""
+
+    key = "d-agents"
+
+    def start(self) -> "LiteLLMAgents":
+        if not (LITELLM_VENV / "bin" / "litellm").exists():
+            raise GatewayUnavailable("LiteLLM is not installed here (bench/.venv-litellm)")
+        raise GatewayUnavailable("LiteLLM's per-dimension limiter for Anthropic's /v1/messages is not wired yet")
+
+
 def governed(key: str) -> bool:
     """Whether configuration `key` runs llm-governor (and so has an artifact)."""
     return key in GOVERNOR_CONFIGS or key in FAILOVER_CONFIGS or key in FLEET_CONFIGS
@@ -530,6 +568,8 @@ def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optiona
         return Direct(sim)
     if key == "x-litellm":
         return LiteLLMFleetGateway(key, sim)
+    if key == "d-agents":
+        return LiteLLMAgents()
     if key in FLEET_CONFIGS:
         return FleetGateway(key, sim, artifact=artifact)
     if key in LITELLM_MAX_PARALLEL:

@@ -81,6 +81,11 @@ class Storm:
     tpm_tokens: Optional[int] = None
     # "sdk" clients: client i starts i/clients of this many ms after t = 0 (0: all at once).
     start_spread_ms: float = 0.0
+    # "agents" clients (issue 32): the shared system prompt's length in characters, and the
+    # provider's input and output tokens per minute on the key (for "what the provider admits").
+    system_chars: int = 0
+    itpm_tokens: Optional[int] = None
+    otpm_tokens: Optional[int] = None
 
     @property
     def calls(self) -> int:
@@ -285,6 +290,37 @@ FLEET_COOLDOWN = Storm(
 )
 
 
+# Issue 32: coding agents against a provider that counts as Anthropic documents. 12 agents on the
+# official Anthropic SDK (its own retries), each a conversation: a shared system prompt of
+# 40,000 characters (about 10,000 tokens as the provider counts them, bytes / 4) marked
+# `cache_control`, the conversation so far with a breakpoint on its newest block, max_tokens
+# 16,000; each turn adds the answer and a tool result of 400 to 1,200 characters, and a new task
+# starts after 6 turns. The provider: Anthropic's published limits on the key, 20,000 input
+# tokens a minute (uncached input + cache writes; cache reads free) and 6,000 output tokens a
+# minute (tokens generated), token buckets refilled continuously; answers of 50 to 300 tokens
+# after 1 s. 40 s per run.
+AGENT_ITPM, AGENT_OTPM = 20_000, 6_000
+AGENTS_CONFIGS = ("a", "e-agents-tpm", "e-agents-dims", "d-agents")
+AGENTS = Storm(
+    name="agents",
+    title="agents (issue 32): 12 Anthropic SDK agents for 40 s, cached 10,000-token system prompt, "
+          "max_tokens 16,000, answers of 50-300 tokens; provider 20,000 input / 6,000 output tokens per minute",
+    clients=12,
+    phases=[Phase({"itpm": {"tokens": AGENT_ITPM}, "otpm": {"tokens": AGENT_OTPM},
+                   "usage": {"output_tokens_range": [50, 300]}, "latency_ms": 1000})],
+    client_kind="agents",
+    calls_per_client=0,
+    duration_s=40.0,
+    system_chars=40_000,
+    max_tokens=16_000,
+    itpm_tokens=AGENT_ITPM,
+    otpm_tokens=AGENT_OTPM,
+    configs=AGENTS_CONFIGS,
+    run_timeout_s=40.0 + 60.0,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -313,5 +349,6 @@ SCENARIOS = {
     "fleet": lambda: [FLEET],
     "fleet-cooldown": lambda: [FLEET_COOLDOWN],
     "tpm-full": lambda: [TPM_FULL],
+    "agents": lambda: [AGENTS],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
