@@ -108,26 +108,21 @@ impl Snapshot {
         }
     }
 
-    /// How long until a request needing `need` fits every dimension it is short of: those
-    /// reported used up (remaining 0), and the token dimensions whose remaining is below what
-    /// the request is known to need of them (preemptive pacing per dimension). A dimension with
-    /// a known need and limit has it back after `reset × (need − remaining) / (limit −
-    /// remaining)` (the bucket refills evenly until full at the reset); others wait the whole
-    /// reset. None when it is short of nothing.
+    /// Preemptive pacing per dimension: how long until a request needing `need` fits every
+    /// dimension the provider reports used up (remaining 0). A token dimension with a known need
+    /// and limit has it back after `reset × need / limit` (the bucket refills evenly until full
+    /// at the reset): the input a request like this one reserves for input tokens, its output
+    /// for output tokens; others wait the whole reset. A remaining above 0 but below the need
+    /// does not cool: the next request may need much less (its prompt read from the cache), and
+    /// the gateway's own buckets pace what it knows. None when nothing is used up.
     pub fn short_wait_ms(&self, need: &Need) -> Option<u64> {
-        Dimension::ALL
-            .into_iter()
+        self.exhausted()
             .filter_map(|d| {
                 let w = self.window(d);
-                let (remaining, reset) = (w.remaining?, w.reset_ms?);
-                let need = need.of(d).filter(|n| *n > 0);
-                if remaining > 0 && need.map_or(true, |n| remaining >= n) {
-                    return None;
-                }
-                Some(match (d, need, w.limit) {
-                    (_, Some(n), Some(limit)) if d != Dimension::Requests && limit > remaining => {
-                        let part = u128::from(reset) * u128::from(n - remaining.min(n))
-                            / u128::from(limit - remaining);
+                let reset = w.reset_ms?;
+                Some(match (need.of(d).filter(|n| *n > 0), w.limit) {
+                    (Some(n), Some(limit)) if limit > 0 => {
+                        let part = u128::from(reset) * u128::from(n) / u128::from(limit);
                         u64::try_from(part).unwrap_or(u64::MAX).clamp(1, reset)
                     }
                     _ => reset,

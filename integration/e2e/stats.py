@@ -18,7 +18,7 @@ POOL_STAT_PREFIX = "llm_governor.pool."
 # stats_tags give it); /stats names them with their labels, in order, after the family's name.
 _NATIVE_LABELLED = (("upstream_", "upstream", "class"), ("local_reject_", "local_reject", "reason"),
                     ("exhausted_", "exhausted", "dimension"), ("fleet_calls_", "fleet_calls", "outcome"))
-HISTOGRAMS = ("retry_after_ms", "hold_ms", "fleet_call_ms")
+HISTOGRAMS = ("retry_after_ms", "hold_ms", "fleet_call_ms", "input_prediction_error_pct", "output_prediction_error_pct")
 # How Envoy 1.40 prefixes each build's series in /stats/prometheus: custom wasm stats lose their
 # namespace and get no envoy_ prefix; a dynamic module's keep both.
 WASM_PROMETHEUS_PREFIX = "llm_governor_pool_"
