@@ -46,9 +46,10 @@ NATIVE_COUNTERS = {native_family(c)[0] for c in COUNTERS}
 METRIC = re.compile(rf"\b((?:{WASM_PROMETHEUS_PREFIX}|{NATIVE_PROMETHEUS_PREFIX})[a-z_]+)")
 OWN_PREFIX = NATIVE_PROMETHEUS_PREFIX if NATIVE else WASM_PROMETHEUS_PREFIX
 # Panels of histograms the native module never writes in the storm: Envoy makes a labelled
-# histogram on its first sample, and the storm's gateway has no fleet limits, so fleet_call_ms
-# has no series to return. The wasm module's exist from the start.
-NATIVE_NO_SAMPLE = {"Fleet call latency": "fleet_call_ms"}
+# histogram on its first sample, and the storm's gateway has no fleet limits (so fleet_call_ms
+# has no series to return) and no token limits (nor the prediction errors). The wasm module's
+# exist from the start.
+NATIVE_NO_SAMPLE = {"Fleet call latency": "fleet_call_ms", "Token prediction error": "prediction_error_pct"}
 # The panels the storm must move: every query of each shows a value above zero at some point
 # (the rest may stay at 0 in it: bodies not delivered, the token dimensions the simulator's
 # 429s do not name).
