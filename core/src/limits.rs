@@ -463,7 +463,7 @@ pub(crate) fn reservation(limit: &Limit, flow: &Flow) -> Reserve {
             settle_of(limit, flow),
             flow.dialect,
             &est,
-            &flow.predicted,
+            &flow.prediction(),
         ),
         _ => Reserve { amount: 0, firm: 0 },
     }

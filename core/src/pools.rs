@@ -119,7 +119,7 @@ impl<'a> Pools<'a> {
             model_id,
             estimate: None,
             prompt: None,
-            predicted: Default::default(),
+            predicted: None,
             dialect,
             streak: 0,
             limit_keys: Vec::new(),

@@ -176,7 +176,7 @@ pub(crate) fn before(cfg: &Config, needs: Needs, flow: &mut Flow, env: &Env) {
             p.input_per_mille = recent.ratio();
         }
     }
-    flow.predicted = p;
+    flow.predicted = Some(Box::new(p));
 }
 
 /// The provider answered the flow's request with success: its prompt's breakpoints are in the
@@ -193,7 +193,7 @@ pub(crate) fn on_success(cfg: &Config, flow: &Flow, env: &mut Env) {
         flow.pool,
         ids,
         prompt,
-        flow.predicted.hit,
+        flow.prediction().hit,
     );
 }
 
@@ -207,7 +207,7 @@ pub(crate) fn learn(cfg: &Config, needs: Needs, flow: &Flow, usage: &Usage, env:
         return;
     };
     let Some(est) = flow.estimate else { return };
-    let p = flow.predicted;
+    let p = flow.prediction();
     // The input as predicted for the limits that reserve it (what a cache read leaves), before
     // and after the learned scale.
     let raw = p.uncached_input.unwrap_or(est.input);

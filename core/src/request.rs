@@ -51,8 +51,9 @@ pub struct Flow {
     pub estimate: Option<Estimate>,
     /// The prompt's cache breakpoints, when the body marks some and a token limit reserves.
     pub prompt: Option<Box<Prompt>>,
-    /// What admission predicted the provider will count (cache reads, output).
-    pub predicted: Prediction,
+    /// What admission predicted the provider will count (cache reads, output), where a token
+    /// limit predicts (None: nothing was predicted; one pointer, as most flows predict nothing).
+    pub predicted: Option<Box<Prediction>>,
     /// The dialect for locally generated bodies (`auto` resolved from the request).
     pub dialect: Dialect,
     /// Consecutive failed cooldown rounds of this (pool, account), read with its cooldown:
@@ -168,6 +169,11 @@ impl HoldDeadline {
 }
 
 impl Flow {
+    /// What admission predicted (nothing, when it predicted nothing).
+    pub fn prediction(&self) -> Prediction {
+        self.predicted.as_deref().copied().unwrap_or_default()
+    }
+
     /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
     pub fn owes_at_end(&self) -> bool {
         !self.slots.is_empty() || self.released || self.fleet_charged()

@@ -36,7 +36,9 @@ fn scanned(body: &str) -> Usage {
 /// Dialect × usage shape → (input, output) counted, without and with `count_cache_reads`.
 #[test]
 fn each_provider_counts_its_own_dimensions() {
-    let rows: [(&str, Dialect, &str, (u64, u64), (u64, u64)); 7] = [
+    /// (name, dialect, answer, (input, output) with cache reads free, with them counted)
+    type Row = (&'static str, Dialect, &'static str, (u64, u64), (u64, u64));
+    let rows: [Row; 7] = [
         // Anthropic: cache reads are free unless the model counts them; writes count.
         (
             "anthropic read",
@@ -422,7 +424,7 @@ fn an_agent_reserves_what_the_provider_will_count() {
     let r = reserved(&second);
     assert!(r[0] < 60, "{r:?}");
     assert_eq!(r[1], 180);
-    assert!(second.predicted.hit.is_some());
+    assert!(second.prediction().hit.is_some());
     // A longer answer than predicted is charged in full at the end; the input as counted.
     let long = r#"{"type":"message","usage":{"input_tokens":3,"cache_creation_input_tokens":24,"cache_read_input_tokens":10230,"output_tokens":900}}"#;
     h.answer(&mut second, 200, &[], long);
@@ -475,7 +477,7 @@ fn a_failed_call_remembers_nothing_and_the_old_rule_reserves_max_tokens() {
     );
     h.end(&mut first);
     let again = forward(&mut h, &body);
-    assert_eq!(again.predicted.hit, None);
+    assert_eq!(again.prediction().hit, None);
     assert!(reserved(&again)[0] >= 2_000);
     // `output: "max_tokens"`: 16,000 reserved can never fit 6,000: refused for good.
     let mut h = Host::new(&agent_config().replace(
