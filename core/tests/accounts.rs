@@ -4,13 +4,13 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::provider::RL;
 use common::Decision;
 use common::{header, Host};
 
 use llm_governor_core::metrics::Counter;
 
 const CHAT: &str = "/v1/chat/completions";
-const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
 
 fn cooled(host: &mut Host, h: &[(&str, &str)]) -> bool {
     match host.request(CHAT, h) {

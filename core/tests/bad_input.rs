@@ -4,6 +4,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::reactions::{told, Told};
 use common::{header, Decision, Host};
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::ratelimit;
@@ -47,9 +48,23 @@ fn malformed_delay_values_fall_through_to_the_backoff() {
         let flow = host.forward("/v1/chat/completions", &[]);
         let mut hs = owned(&[("x-ratelimit-remaining-requests", "0")]);
         hs.push((name.to_string(), value.to_vec()));
-        let governed = respond_raw(&mut host, &flow, 429, &hs, b"{}");
-        assert_eq!(governed.provider_ms, None, "{name}: {value:?} was trusted");
-        assert_eq!(governed.delay_ms, 500, "{name}: {value:?}");
+        let told = respond_raw(&mut host, &flow, 429, &hs, b"{}");
+        assert_eq!(told.delay_ms, 500, "{name}: {value:?}");
+    }
+}
+
+/// A unit test of the response room, without the worker: none of the malformed values is
+/// read as the provider's time (the client sees only the backoff, above).
+#[test]
+fn the_response_room_trusts_no_malformed_delay_value() {
+    for (name, value) in IGNORED {
+        let mut host = Host::new(r#"{"retry_after": {"default_ms": 1000}}"#);
+        let flow = host.forward("/v1/chat/completions", &[]);
+        let mut hs = owned(&[("x-ratelimit-remaining-requests", "0")]);
+        hs.push((name.to_string(), value.to_vec()));
+        let g = host.response_room(&flow, 429, &hs, b"{}");
+        let g = g.unwrap_or_else(|| panic!("{name}: {value:?}: not governed"));
+        assert_eq!(g.provider_ms, None, "{name}: {value:?} was trusted");
     }
 }
 
@@ -75,15 +90,24 @@ fn duplicated_headers_use_the_first() {
     let mut host = Host::new("{}");
     let flow = host.forward("/v1/chat/completions", &[]);
     let hs = owned(&[("retry-after", "3"), ("retry-after", "50")]);
-    assert_eq!(
-        respond_raw(&mut host, &flow, 429, &hs, b"").provider_ms,
-        Some(3000)
-    );
+    // The first's 3 s (no jitter with the random value 0).
+    assert_eq!(respond_raw(&mut host, &flow, 429, &hs, b"").delay_ms, 3000);
 }
 
+/// A unit test of the response room, without the worker: the provider's time it read of
+/// duplicated headers.
 #[test]
-fn hostile_bodies_never_panic() {
-    let bodies: Vec<Vec<u8>> = vec![
+fn the_response_room_reads_the_first_of_duplicated_headers() {
+    let mut host = Host::new("{}");
+    let flow = host.forward("/v1/chat/completions", &[]);
+    let hs = owned(&[("retry-after", "3"), ("retry-after", "50")]);
+    let g = host.response_room(&flow, 429, &hs, b"");
+    assert_eq!(g.and_then(|g| g.provider_ms), Some(3000));
+}
+
+/// Bodies that hold nothing a classifier or a delay parser should trust.
+fn hostile_bodies() -> Vec<Vec<u8>> {
+    vec![
         vec![],
         b"{".to_vec(),
         b"{\"error\":{\"code\":\"insufficient_qu".to_vec(),
@@ -96,14 +120,34 @@ fn hostile_bodies_never_panic() {
         vec![0xff; 20_000],
         "\u{1F600}".repeat(1000).into_bytes(),
         b"\"type\":".repeat(5000),
-    ];
-    for body in bodies {
+    ]
+}
+
+#[test]
+fn hostile_bodies_never_panic() {
+    for body in hostile_bodies() {
         let mut host = Host::new("{}");
         let flow = host.forward("/v1beta/models/x:generateContent", &[]);
         let g = respond_raw(&mut host, &flow, 429, &[], &body);
         // Nothing in them is a delay or a quota marker: a rate limit without a hint, told the
         // backoff's value for the fixed random value 0, which is its floor of 1 ms.
         let shown = String::from_utf8_lossy(&body[..body.len().min(40)]).into_owned();
+        assert_eq!(g.class.as_str(), "rate_limited", "{shown}");
+        assert_eq!(g.delay_ms, 1, "{shown}");
+    }
+}
+
+/// A unit test of the response room, without the worker: the whole of each hostile body (the
+/// worker reads at most `MAX_ERROR_BODY` of it) is read without a panic, and none holds a
+/// provider time.
+#[test]
+fn the_response_room_reads_whole_hostile_bodies_and_finds_no_time() {
+    for body in hostile_bodies() {
+        let mut host = Host::new("{}");
+        let flow = host.forward("/v1beta/models/x:generateContent", &[]);
+        let g = host.response_room(&flow, 429, &[], &body);
+        let shown = String::from_utf8_lossy(&body[..body.len().min(40)]).into_owned();
+        let g = g.unwrap_or_else(|| panic!("{shown}: not governed"));
         assert_eq!(g.provider_ms, None, "{shown}");
         assert_eq!(g.class.as_str(), "rate_limited", "{shown}");
         assert_eq!(g.delay_ms, 1, "{shown}");
@@ -135,25 +179,16 @@ fn rate_limit_gauges_ignore_garbage() {
     assert_eq!(snap.tokens.remaining, Some(u64::MAX));
 }
 
+/// What the client is told of a response of any bytes, through the worker.
 fn respond_raw(
     host: &mut Host,
-    flow: &llm_governor_core::policy::Flow,
+    flow: &common::Sent,
     status: u16,
     hs: &[(String, Vec<u8>)],
     body: &[u8],
-) -> llm_governor_core::policy::Governed {
-    use llm_governor_core::policy::{Clock, ResponseStep};
-    let flow = &mut flow.clone();
-    let now = host.now_ms;
-    let (governor, mut env) = host.parts_with(Clock::At(now));
-    let (responses, headers) = (governor.responses(), Headers::new(hs));
-    let decided = responses.on_headers(flow, status, &headers, false, &mut || true, &mut env);
-    let g = match decided.step {
-        ResponseStep::NeedBody => responses.on_error_body(flow, status, &headers, body, &mut env),
-        ResponseStep::Rewrite(g) => Some(g),
-        ResponseStep::Pass => None,
-    };
-    g.unwrap_or_else(|| panic!("status {status} not governed"))
+) -> Told {
+    let reactions = host.response_wire(flow, status, hs, body);
+    told(&reactions).unwrap_or_else(|| panic!("status {status} not governed"))
 }
 
 /// The policy reads the host's clock only when it needs the time: never for a plain
@@ -171,8 +206,8 @@ fn the_clock_is_read_only_when_the_answer_needs_it() {
             "/v1/chat/completions",
             &[("authorization", "Bearer k")],
         );
-        host.stream_response(next, status, hs, "");
-        host.end_stream(next);
+        host.response(next, status, hs, "");
+        host.end(next);
     };
     let reads = |host: &Host| host.clock_reads.get();
     let ask =

@@ -13,27 +13,17 @@
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::workers::{Lane, SharedClock, Workers};
+use common::{governor as parse, T0};
 use llm_governor_core::bucket::{Bucket, Shape};
-use llm_governor_core::config;
-use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys;
-use llm_governor_core::metrics::{Counter, Recorded};
-use llm_governor_core::policy::{Governor, RequestView};
-use llm_governor_core::retry_after::Random;
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::Governor;
 use llm_governor_core::store::{self, MemStore, SharedStore, StoreError};
-use llm_governor_core::worker::{Action, Lent, NoBodies, Worker};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use llm_governor_core::worker::Action;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-
-const T0: u64 = 1_796_055_600_000;
-
-struct Zero;
-
-impl Random for Zero {
-    fn unit(&mut self) -> f64 {
-        0.0
-    }
-}
 
 /// Envoy's shared data (a `MemStore`), counting the writes and CAS conflicts each key met.
 #[derive(Default)]
@@ -74,57 +64,31 @@ impl Observed {
     }
 }
 
-/// Envoy's clock as the workers read it: every request sees a later millisecond than the one
-/// before it (a burst of requests is spread over milliseconds, not all in one).
-struct Clock(AtomicU64);
-
-impl Clock {
-    fn new() -> Clock {
-        Clock(AtomicU64::new(T0))
-    }
-    fn now(&self) -> u64 {
-        self.0.fetch_add(1, Ordering::SeqCst)
-    }
+/// `n` workers over `store`, whose clock moves on after every request (a burst of requests is
+/// spread over milliseconds, not all in one).
+fn workers<'s>(gov: &Arc<Governor>, n: usize, store: &'s Observed) -> Workers<'s, Observed> {
+    Workers::new(gov, n, store).ticking()
 }
 
-/// A worker (a VM) over the shared governor.
-fn worker(gov: &Arc<Governor>) -> Worker {
-    Worker::with_random(Arc::clone(gov), Box::new(Zero))
+/// One request of `tenant` by `lane` at the clock's time; true when it is forwarded upstream.
+fn request(lane: &mut Lane, store: &Observed, clock: &SharedClock, tenant: &str) -> bool {
+    let hs = [("authorization", "Bearer sk-k"), ("x-tenant-id", tenant)];
+    lane.request(store, clock.read(), &hs).1.action == Action::Continue
 }
 
-static STREAM_IDS: AtomicU32 = AtomicU32::new(1);
-
-/// One request as a worker's VM handles it; true when it is forwarded upstream.
-fn request(
-    w: &mut Worker,
-    store: &Observed,
-    metrics: &mut Recorded,
-    clock: &Clock,
-    tenant: &str,
-) -> bool {
-    let hs = owned(&[("authorization", "Bearer sk-k"), ("x-tenant-id", tenant)]);
-    let view = RequestView {
-        path: b"/v1/chat/completions",
-        authority: b"api.example.com",
-        headers: Headers::new(&hs),
-    };
-    let now = clock.now();
-    let read = move || now;
-    let mut lent = Lent {
+/// `request` by worker `w`, from the test's thread.
+fn forwarded(ws: &mut Workers<Observed>, w: usize, tenant: &str) -> bool {
+    let Workers {
+        lanes,
         store,
-        metrics,
-        clock: &read,
-        io: &mut NoBodies,
-    };
-    let id = STREAM_IDS.fetch_add(1, Ordering::Relaxed);
-    w.on_request_headers(id, &view, true, &mut lent).action == Action::Continue
+        clock,
+    } = ws;
+    request(&mut lanes[w], store, clock, tenant)
 }
 
 fn governor(limits: &str) -> Arc<Governor> {
-    let json = format!(r#"{{"hold": {{"max_ms": 0}}, "limits": [{limits}]}}"#);
-    Arc::new(Governor::new(
-        config::parse(json.as_bytes()).unwrap(),
-        keys::HashKey::from_words(1, 2),
+    parse(&format!(
+        r#"{{"hold": {{"max_ms": 0}}, "limits": [{limits}]}}"#
     ))
 }
 
@@ -137,50 +101,34 @@ struct Outcome {
     unspent: u64,
 }
 
-/// `workers` threads, each sending `per_worker` requests of `tenant` one after the other; with
-/// `sync_first`, every worker's first request starts at the same moment and completes before
-/// any worker sends its second (each worker's first request for a new tenant).
+/// Every worker in a thread of its own, sending `per_worker` requests of `tenant` one after
+/// the other; with `sync_first`, every worker's first request starts at the same moment and
+/// completes before any worker sends its second (each worker's first request for a new
+/// tenant).
 fn hammer(
-    gov: &Arc<Governor>,
-    store: &Observed,
-    clock: &Clock,
+    ws: &mut Workers<Observed>,
     tenant: &str,
-    workers: usize,
     per_worker: usize,
     sync_first: bool,
 ) -> Outcome {
-    let barrier = Barrier::new(workers);
-    let results: Vec<(usize, usize, usize, u64)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut w = worker(gov);
-                    let mut metrics = Recorded::default();
-                    let mut admitted = 0;
-                    barrier.wait();
-                    for i in 0..per_worker {
-                        admitted +=
-                            usize::from(request(&mut w, store, &mut metrics, clock, tenant));
-                        if sync_first && i == 0 {
-                            barrier.wait();
-                        }
-                    }
-                    let contended = metrics
-                        .counters
-                        .iter()
-                        .filter(|(_, c)| *c == Counter::StoreContention)
-                        .count();
-                    (
-                        admitted,
-                        per_worker - admitted,
-                        contended,
-                        w.leases().unspent(),
-                    )
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let barrier = Barrier::new(ws.lanes.len());
+    let results = ws.in_threads(|_, lane, store, clock| {
+        let contended_before = lane.metrics.count_of(0, Counter::StoreContention);
+        let mut admitted = 0;
+        barrier.wait();
+        for i in 0..per_worker {
+            admitted += usize::from(request(lane, store, clock, tenant));
+            if sync_first && i == 0 {
+                barrier.wait();
+            }
+        }
+        let contended = lane.metrics.count_of(0, Counter::StoreContention) - contended_before;
+        (
+            admitted,
+            per_worker - admitted,
+            contended,
+            lane.worker.leases().unspent(),
+        )
     });
     Outcome {
         admitted: results.iter().map(|r| r.0).sum(),
@@ -219,13 +167,9 @@ fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
     // The contention Envoy sees: refusals write as well, so the native hammers below contend
     // on every request, not only on the five that take a token.
     let gov = governor(TENANT_RPM);
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
-    let mut metrics = Recorded::default();
-    let admitted: Vec<bool> = (0..10)
-        .map(|_| request(&mut w, &store, &mut metrics, &clock, "t"))
-        .collect();
+    let mut ws = workers(&gov, 1, &store);
+    let admitted: Vec<bool> = (0..10).map(|_| forwarded(&mut ws, 0, "t")).collect();
     assert_eq!(admitted, [[true; 5], [false; 5]].concat());
     // The creation, five takes, and five refill timestamps.
     assert_eq!(store.writes.load(Ordering::SeqCst), 11);
@@ -240,24 +184,19 @@ fn a_refused_request_writes_the_bucket_when_the_clock_has_moved() {
 #[test]
 fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
     let gov = governor(TENANT_RPM);
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
-    let mut metrics = Recorded::default();
-    assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
+    let mut ws = workers(&gov, 1, &store);
+    assert!(forwarded(&mut ws, 0, "t"));
     store.inner.inject_conflicts.store(3, Ordering::SeqCst);
-    assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
-    assert_eq!(metrics.count_of(0, Counter::StoreContention), 0);
+    assert!(forwarded(&mut ws, 0, "t"));
+    assert_eq!(ws.lanes[0].metrics.count_of(0, Counter::StoreContention), 0);
     let level = store.bucket("tenant-rpm", gov.id(b"t")).unwrap().level;
     store
         .inner
         .inject_conflicts
         .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
-    assert!(
-        request(&mut w, &store, &mut metrics, &clock, "t"),
-        "a give-up admits"
-    );
-    assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
+    assert!(forwarded(&mut ws, 0, "t"), "a give-up admits");
+    assert_eq!(ws.lanes[0].metrics.count_of(0, Counter::StoreContention), 1);
     // Admitted without the update: the bucket did not move.
     let after = store.bucket("tenant-rpm", gov.id(b"t")).unwrap();
     assert_eq!(after.level, level);
@@ -266,21 +205,14 @@ fn injected_conflicts_are_retried_then_given_up_and_the_request_admitted() {
 #[test]
 fn many_workers_never_admit_more_than_burst_on_an_existing_bucket() {
     let gov = governor(TENANT_RPM);
-    let mut w = worker(&gov);
     let mut worst_conflicts = 0;
     for round in 0..20 {
         let store = Observed::default();
-        let clock = Clock::new();
+        let mut ws = workers(&gov, 8, &store);
         let tenant = format!("t{round}");
         // The bucket exists (one earlier request took a token).
-        assert!(request(
-            &mut w,
-            &store,
-            &mut Recorded::default(),
-            &clock,
-            &tenant
-        ));
-        let run = hammer(&gov, &store, &clock, &tenant, 8, 10, false);
+        assert!(forwarded(&mut ws, 0, &tenant));
+        let run = hammer(&mut ws, &tenant, 10, false);
         assert_eq!(run.admitted + run.refused, 80);
         assert_eq!(
             1 + run.admitted,
@@ -308,30 +240,26 @@ fn first_write_race_admits_at_most_burst_plus_workers_minus_one() {
     // tenant). Without insert-if-absent, a racing creator's initial write can erase takes that
     // completed between its read and its write; with one request in flight per worker, the
     // bound is burst + workers - 1.
-    let workers = 4;
+    let racers = 4;
     let gov = governor(TENANT_RPM);
     let mut worst = 0;
     for round in 0..300 {
         let store = Observed::default();
-        let clock = Clock::new();
         let run = hammer(
-            &gov,
-            &store,
-            &clock,
+            &mut workers(&gov, racers, &store),
             &format!("t{round}"),
-            workers,
             11,
             true,
         );
         assert!(
-            (5..=5 + workers - 1 + run.contended).contains(&run.admitted),
+            (5..=5 + racers - 1 + run.contended).contains(&run.admitted),
             "admitted {} ({} give-ups)",
             run.admitted,
             run.contended
         );
         worst = worst.max(run.admitted - run.contended);
     }
-    eprintln!("worst admitted with {workers} racing creators: {worst} (burst 5)");
+    eprintln!("worst admitted with {racers} racing creators: {worst} (burst 5)");
 }
 
 #[test]
@@ -341,21 +269,14 @@ fn a_request_refused_by_a_later_limit_gives_its_tokens_back_under_contention() {
     let gov = governor(&format!(
         r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
     ));
-    let mut w = worker(&gov);
     let pool_id = gov.id(b"default");
     for round in 0..20 {
         let store = Observed::default();
-        let clock = Clock::new();
+        let mut ws = workers(&gov, 8, &store);
         let tenant = format!("t{round}");
         // Both buckets exist (one earlier request took from each): no first-write race.
-        assert!(request(
-            &mut w,
-            &store,
-            &mut Recorded::default(),
-            &clock,
-            &tenant
-        ));
-        let run = hammer(&gov, &store, &clock, &tenant, 8, 10, false);
+        assert!(forwarded(&mut ws, 0, &tenant));
+        let run = hammer(&mut ws, &tenant, 10, false);
         assert_eq!(1 + run.admitted, 5 + run.contended);
         // The pool bucket lost exactly one token per admitted request: each request the
         // tenant bucket refused gave its token back. A give-up can move it by one either way
@@ -377,12 +298,10 @@ fn a_token_that_was_never_taken_is_not_given_back() {
     let gov = governor(&format!(
         r#"{{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 100}}, {TENANT_RPM}"#
     ));
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
-    let mut metrics = Recorded::default();
+    let mut ws = workers(&gov, 1, &store);
     for _ in 0..5 {
-        assert!(request(&mut w, &store, &mut metrics, &clock, "t"));
+        assert!(forwarded(&mut ws, 0, "t"));
     }
     let pool_id = gov.id(b"default");
     let before = store.bucket("pool-rpm", pool_id).unwrap();
@@ -392,8 +311,8 @@ fn a_token_that_was_never_taken_is_not_given_back() {
         .inner
         .inject_conflicts
         .store(store::MAX_CAS_ATTEMPTS, Ordering::SeqCst);
-    assert!(!request(&mut w, &store, &mut metrics, &clock, "t"));
-    assert_eq!(metrics.count_of(0, Counter::StoreContention), 1);
+    assert!(!forwarded(&mut ws, 0, "t"));
+    assert_eq!(ws.lanes[0].metrics.count_of(0, Counter::StoreContention), 1);
     let after = store.bucket("pool-rpm", pool_id).unwrap();
     // Nothing was taken from the pool bucket, so nothing may be given back (refill over the
     // 6 ms this test's clock moved is far below a token).
@@ -411,23 +330,16 @@ fn contention_on_a_hot_key_loses_no_update() {
     let gov = governor(
         r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 1000000}"#,
     );
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
+    let mut ws = workers(&gov, 4, &store);
     // The bucket exists before the workers start: no first-write race.
-    assert!(request(
-        &mut w,
-        &store,
-        &mut Recorded::default(),
-        &clock,
-        "t"
-    ));
-    let run = hammer(&gov, &store, &clock, "t", 4, 2_000, false);
+    assert!(forwarded(&mut ws, 0, "t"));
+    let run = hammer(&mut ws, "t", 2_000, false);
     assert_eq!(run.admitted, 8_000);
     let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
     // What the workers' leases (lease.rs) hold or dropped unspent was taken from the bucket
     // too.
-    let stock = w.leases().unspent() + run.unspent;
+    let stock = run.unspent;
     let taken = (1 + 8_000 - run.contended) as u64 + stock;
     // Every completed take is reflected exactly once (no lost update under CAS), and the
     // refill is exact however often it ran: the bucket holds what one that lost all those
@@ -450,36 +362,19 @@ fn leases_admit_exactly_the_bucket_across_workers_and_spare_shared_data() {
     // near the end. Every worker sends until refused: the bucket admits exactly 2,000.
     let limit = r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#;
     let gov = governor(limit);
-    let mut workers: Vec<Worker> = (0..4).map(|_| worker(&gov)).collect();
     let store = Observed::default();
-    let clock = Clock::new();
-    assert!(request(
-        &mut workers[0],
-        &store,
-        &mut Recorded::default(),
-        &clock,
-        "t"
-    ));
-    let admitted: Vec<usize> = std::thread::scope(|s| {
-        let handles: Vec<_> = workers
-            .iter_mut()
-            .map(|w| {
-                let (store, clock) = (&store, &clock);
-                s.spawn(move || {
-                    let mut metrics = Recorded::default();
-                    let mut n = 0;
-                    while request(w, store, &mut metrics, clock, "t") {
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let mut ws = workers(&gov, 4, &store);
+    assert!(forwarded(&mut ws, 0, "t"));
+    let admitted: Vec<usize> = ws.in_threads(|_, lane, store, clock| {
+        let mut n = 0;
+        while request(lane, store, clock, "t") {
+            n += 1;
+        }
+        n
     });
     // The test clock moves 1 ms a request: some leases expire with tokens left, which were
     // taken from the bucket and are never spent (fewer admitted, never more).
-    let unspent: u64 = workers.iter().map(|w| w.leases().unspent()).sum();
+    let unspent: u64 = ws.lanes.iter().map(|l| l.worker.leases().unspent()).sum();
     assert_eq!(
         1 + admitted.iter().sum::<usize>() as u64 + unspent,
         2000,
@@ -499,19 +394,13 @@ fn near_empty_every_request_is_one_compare_and_swap() {
     // A bucket below the lease floor never lends: the e2e budget tests' burst 5 stays exact.
     let gov =
         governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 500}"#);
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
+    let mut ws = workers(&gov, 1, &store);
     for _ in 0..20 {
-        assert!(request(
-            &mut w,
-            &store,
-            &mut Recorded::default(),
-            &clock,
-            "t"
-        ));
+        assert!(forwarded(&mut ws, 0, "t"));
     }
-    assert_eq!(w.leases().left((0, gov.id(b"default")), clock.now()), 0);
+    let key = (0, gov.id(b"default"));
+    assert_eq!(ws.lanes[0].worker.leases().left(key, ws.clock.now()), 0);
     let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
     assert_eq!(b.tokens(), 480);
 }
@@ -523,23 +412,14 @@ fn what_an_expired_lease_left_goes_back_with_the_next_take() {
     // used.
     let gov =
         governor(r#"{"name": "pool-rpm", "key": "pool", "requests_per_minute": 1, "burst": 2000}"#);
-    let mut w = worker(&gov);
     let store = Observed::default();
-    let clock = Clock::new();
+    let mut ws = workers(&gov, 1, &store);
     for _ in 0..10 {
-        assert!(request(
-            &mut w,
-            &store,
-            &mut Recorded::default(),
-            &clock,
-            "t"
-        ));
-        for _ in 0..llm_governor_core::lease::LEASE_MS {
-            clock.now(); // a second passes
-        }
+        assert!(forwarded(&mut ws, 0, "t"));
+        ws.clock.advance(llm_governor_core::lease::LEASE_MS); // a second passes
     }
     let b = store.bucket("pool-rpm", gov.id(b"default")).unwrap();
-    let held = w.leases().unspent();
+    let held = ws.lanes[0].worker.leases().unspent();
     assert_eq!(
         held,
         llm_governor_core::lease::LEASE - 1,

@@ -3,8 +3,9 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::provider::{A, B, PATH, QUOTA, RL};
 use common::Decision;
-use common::{header, Host};
+use common::{header, Host, Sent};
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::metrics::Counter;
 
@@ -17,11 +18,6 @@ const CFG: &str = r#"{"pools": [
 const CFG_NO_HOLD: &str = r#"{"hold": {"max_ms": 0}, "pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
 ]}"#;
-const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
-const QUOTA: &str =
-    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
-const A: (&str, &str) = ("authorization", "Bearer sk-a");
-const B: (&str, &str) = ("authorization", "Bearer sk-b");
 
 fn local(host: &mut Host, path: &str, h: &[(&str, &str)]) -> Vec<(&'static str, String)> {
     match host.request(path, h) {
@@ -37,11 +33,11 @@ fn local(host: &mut Host, path: &str, h: &[(&str, &str)]) -> Vec<(&'static str, 
 fn rate_limit_cools_the_account_until_the_provider_time() {
     let mut host = Host::new(CFG);
     host.rng.set(0.5);
-    let flow = host.forward("/v1/chat/completions", &[A]);
+    let flow = host.forward(PATH, &[A]);
     host.respond(&flow, 429, &[("retry-after", "4")], RL);
     for i in 1..=100 {
         host.advance(39);
-        let h = local(&mut host, "/v1/chat/completions", &[A]);
+        let h = local(&mut host, PATH, &[A]);
         assert_eq!(header(&h, "x-llm-governor-source"), "cooldown");
         assert_eq!(header(&h, "x-should-retry"), "true");
         // What is left of the 4 s (and the clock's grain), plus half (the fixed random value)
@@ -54,22 +50,22 @@ fn rate_limit_cools_the_account_until_the_provider_time() {
         );
     }
     // Another account and another pool still flow.
-    host.forward("/v1/chat/completions", &[B]);
+    host.forward(PATH, &[B]);
     host.forward("/v1/messages", &[A]);
     assert_eq!(host.metrics.count_of(0, Counter::LocalRejectCooldown), 100);
     // At the deadline, traffic flows again.
     host.advance(100 + GRAIN);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
 }
 
 #[test]
 fn local_answers_spread_clients_over_the_jitter_window() {
     let mut host = Host::new(CFG);
     host.rng.set(0.5);
-    let flow = host.forward("/v1/chat/completions", &[A]);
+    let flow = host.forward(PATH, &[A]);
     host.respond(&flow, 429, &[("retry-after", "10")], RL);
     host.advance(9_900);
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    let h = local(&mut host, PATH, &[A]);
     // 100 ms left (and the grain), plus half of 20 % of the 10 s period: clients answered late
     // in a cooldown do not all come back on the deadline's millisecond.
     assert_eq!(
@@ -81,29 +77,29 @@ fn local_answers_spread_clients_over_the_jitter_window() {
 #[test]
 fn quota_is_remembered_for_quota_ms_and_says_do_not_retry() {
     let mut host = Host::new(r#"{"cooldown": {"quota_ms": 120000}}"#);
-    let flow = host.forward("/v1/chat/completions", &[A]);
+    let flow = host.forward(PATH, &[A]);
     let g = host
         .respond(&flow, 429, &[], QUOTA)
         .unwrap_or_else(|| panic!("not governed"));
     assert_eq!(header(&g.headers, "x-should-retry"), "false");
     host.advance(119_000);
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    let h = local(&mut host, PATH, &[A]);
     assert_eq!(header(&h, "x-should-retry"), "false");
     assert_eq!(header(&h, "x-llm-governor-class"), "quota_exhausted");
     assert_eq!(host.metrics.count_of(0, Counter::LocalRejectQuota), 1);
     host.advance(1_000 + GRAIN);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
 }
 
 #[test]
 fn recooling_keeps_the_later_deadline() {
     let mut host = Host::new(CFG);
-    let f1 = host.forward("/v1/chat/completions", &[A]);
-    let f2 = host.forward("/v1/chat/completions", &[A]);
+    let f1 = host.forward(PATH, &[A]);
+    let f2 = host.forward(PATH, &[A]);
     host.respond(&f1, 429, &[("retry-after", "10")], RL);
     host.respond(&f2, 429, &[("retry-after", "1")], RL);
     host.advance(5_000);
-    local(&mut host, "/v1/chat/completions", &[A]);
+    local(&mut host, PATH, &[A]);
 }
 
 #[test]
@@ -126,12 +122,12 @@ fn overload_cools_only_when_the_provider_gave_a_time() {
 #[test]
 fn cooldown_max_caps_the_cooldown_and_the_cap_never_shortens_it() {
     let mut host = Host::new(r#"{"retry_after": {"max_ms": 2000}, "cooldown": {"max_ms": 8000}}"#);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     let g = host.respond(&f, 429, &[("retry-after", "30")], RL);
     assert_eq!(g.map(|g| g.delay_ms), Some(2000));
     // A client that comes back at the cap is answered locally, at no upstream cost...
     host.advance(2_000);
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    let h = local(&mut host, PATH, &[A]);
     assert_eq!(
         header(&h, "retry-after-ms"),
         "2000",
@@ -140,16 +136,16 @@ fn cooldown_max_caps_the_cooldown_and_the_cap_never_shortens_it() {
     // ...until cooldown.max_ms (8 s, not the provider's 30 s) and the clock's grain have
     // passed, to the millisecond.
     host.advance(5_999 + GRAIN);
-    local(&mut host, "/v1/chat/completions", &[A]);
+    local(&mut host, PATH, &[A]);
     host.advance(1);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
 }
 
 #[test]
 fn preemptive_cooldown_when_nothing_is_left() {
     for (path, headers) in [
         (
-            "/v1/chat/completions",
+            PATH,
             vec![
                 ("x-ratelimit-remaining-requests", "0"),
                 ("x-ratelimit-reset-requests", "3s"),
@@ -176,7 +172,7 @@ fn preemptive_cooldown_when_nothing_is_left() {
 #[test]
 fn preemptive_off_and_cooldown_off_forward_everything() {
     let mut host = Host::new(r#"{"preemptive": false}"#);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(
         &f,
         200,
@@ -186,12 +182,12 @@ fn preemptive_off_and_cooldown_off_forward_everything() {
         ],
         "{}",
     );
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
 
     let mut host = Host::new(r#"{"cooldown": {"enabled": false}}"#);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(&f, 429, &[("retry-after", "30")], RL);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
     assert!(host.store.is_empty());
 }
 
@@ -199,7 +195,7 @@ fn preemptive_off_and_cooldown_off_forward_everything() {
 fn local_bodies_speak_the_pool_dialect() {
     let mut host = Host::new(CFG);
     for (path, needle) in [
-        ("/v1/chat/completions", r#""code":"rate_limit_exceeded""#),
+        (PATH, r#""code":"rate_limit_exceeded""#),
         ("/v1/messages", r#""type":"rate_limit_error""#),
     ] {
         let f = host.forward(path, &[A]);
@@ -219,10 +215,7 @@ fn local_bodies_speak_the_pool_dialect() {
 #[test]
 fn credentials_are_never_stored_and_one_key_is_one_account() {
     let mut host = Host::new(CFG);
-    let f = host.forward(
-        "/v1/chat/completions",
-        &[("authorization", "Bearer sk-secret-123")],
-    );
+    let f = host.forward(PATH, &[("authorization", "Bearer sk-secret-123")]);
     host.respond(&f, 429, &[("retry-after", "5")], RL);
     let f2 = host.forward("/v1/messages", &[("x-api-key", "sk-secret-123")]);
     assert_eq!(f.account, f2.account);
@@ -241,16 +234,16 @@ fn credentials_are_never_stored_and_one_key_is_one_account() {
 fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     let mut host = Host::new(r#"{"retry_after": {"escalate": true}}"#);
     // The provider keeps saying "1 s" while it stays down.
-    let answer = |host: &mut Host, f: &llm_governor_core::policy::Flow| {
+    let answer = |host: &mut Host, f: &Sent| {
         host.respond(f, 429, &[("retry-after", "1")], RL)
             .map(|g| g.delay_ms)
             .unwrap_or(0)
     };
     let told = |host: &mut Host| {
-        let f = host.forward("/v1/chat/completions", &[A]);
+        let f = host.forward(PATH, &[A]);
         answer(host, &f)
     };
-    let in_flight = host.forward("/v1/chat/completions", &[A]);
+    let in_flight = host.forward(PATH, &[A]);
     assert_eq!(told(&mut host), 1000);
     // A second 429 of the same round (it was in flight) is not a failed round.
     assert_eq!(answer(&mut host, &in_flight), 1000);
@@ -259,7 +252,7 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     assert_eq!(told(&mut host), 2000);
     // ...and so are clients answered locally during it (0.8 s left plus one extra period).
     host.advance(200);
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    let h = local(&mut host, PATH, &[A]);
     assert_eq!(
         header(&h, "retry-after-ms"),
         (800 + GRAIN + 1000).to_string()
@@ -268,7 +261,7 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
     assert_eq!(told(&mut host), 4000);
     // A success ends the streak.
     host.advance(1000 + GRAIN);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(&f, 200, &[], "{}");
     assert_eq!(told(&mut host), 1000);
 }
@@ -277,40 +270,42 @@ fn failed_rounds_stretch_what_clients_are_told_until_a_success() {
 fn without_escalate_clients_are_told_the_provider_time_every_round() {
     let mut host = Host::new(CFG);
     for _ in 0..3 {
-        let f = host.forward("/v1/chat/completions", &[A]);
+        let f = host.forward(PATH, &[A]);
         let g = host.respond(&f, 429, &[("retry-after", "1")], RL);
         assert_eq!(g.map(|g| g.delay_ms), Some(1000));
         host.advance(1000 + GRAIN);
     }
 }
 
+/// Two "2 s" answers of one burst, the second `later_ms` after the first: within 20 % of 2 s it
+/// repeats the first's statement and the deadline stays the first's; beyond, it moves.
 #[test]
-fn answers_of_one_burst_do_not_push_the_deadline_within_the_jitter_band() {
-    // Without holding: a client told the first answer's time is let through then. (With
-    // holding, a request meeting the burst is held to its end instead: tests/hold.rs.)
-    let mut host = Host::new(CFG_NO_HOLD);
-    let first = host.forward("/v1/chat/completions", &[A]);
-    let late = host.forward("/v1/chat/completions", &[A]);
-    host.respond(&first, 429, &[("retry-after", "2")], RL);
-    // The last answer of the same burst, 300 ms later, says "2 s" too: within 20 % of 2 s.
-    host.advance(300);
-    host.respond(&late, 429, &[("retry-after", "2")], RL);
-    host.advance(1_700 + GRAIN);
-    host.forward("/v1/chat/completions", &[A]);
-}
-
-#[test]
-fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
-    let mut host = Host::new(CFG);
-    let first = host.forward("/v1/chat/completions", &[A]);
-    let late = host.forward("/v1/chat/completions", &[A]);
-    host.respond(&first, 429, &[("retry-after", "2")], RL);
-    host.advance(500);
-    host.respond(&late, 429, &[("retry-after", "2")], RL);
-    host.advance(1_500);
-    local(&mut host, "/v1/chat/completions", &[A]);
-    host.advance(500 + GRAIN);
-    host.forward("/v1/chat/completions", &[A]);
+fn a_later_answer_moves_the_deadline_only_beyond_the_jitter_band() {
+    // After `ms` more, a request of account A is forwarded (true) or answered locally.
+    type Then = (u64, bool);
+    // (configuration, the second answer's delay after the first, then what follows).
+    let rows: [(&str, u64, &[Then]); 2] = [
+        // Without holding: a client told the first answer's time is let through then. (With
+        // holding, a request meeting the burst is held to its end instead: tests/hold.rs.)
+        (CFG_NO_HOLD, 300, &[(1_700 + GRAIN, true)]),
+        (CFG, 500, &[(1_500, false), (500 + GRAIN, true)]),
+    ];
+    for (cfg, later_ms, steps) in rows {
+        let mut host = Host::new(cfg);
+        let first = host.forward(PATH, &[A]);
+        let late = host.forward(PATH, &[A]);
+        host.respond(&first, 429, &[("retry-after", "2")], RL);
+        host.advance(later_ms);
+        host.respond(&late, 429, &[("retry-after", "2")], RL);
+        for &(ms, forwarded) in steps {
+            host.advance(ms);
+            if forwarded {
+                host.forward(PATH, &[A]);
+            } else {
+                local(&mut host, PATH, &[A]);
+            }
+        }
+    }
 }
 
 /// README, "How it works", Cooldowns: a cooldown that starts while the previous one of the
@@ -321,11 +316,11 @@ fn a_later_answer_beyond_the_jitter_band_moves_the_deadline() {
 fn short_cooldowns_in_an_episode_keep_its_spread() {
     let mut host = Host::new(CFG);
     host.rng.set(0.5);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
     host.advance(3_000 + GRAIN);
     // The window reopens one slot at a time: a 2xx reports nothing left for 40 ms.
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(
         &f,
         200,
@@ -335,7 +330,7 @@ fn short_cooldowns_in_an_episode_keep_its_spread() {
         ],
         "{}",
     );
-    let h = local(&mut host, "/v1/chat/completions", &[A]);
+    let h = local(&mut host, PATH, &[A]);
     // 40 ms left (and the grain), plus half of 20 % of the episode's 3 s period (not of 40 ms).
     assert_eq!(header(&h, "retry-after-ms"), (40 + GRAIN + 300).to_string());
 }
@@ -343,7 +338,7 @@ fn short_cooldowns_in_an_episode_keep_its_spread() {
 #[test]
 fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
     let mut host = Host::new(CFG);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     let h = [
         ("retry-after", "1"),
         ("x-ratelimit-remaining-requests", "0"),
@@ -354,12 +349,12 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
     assert_eq!(g.map(|g| g.delay_ms), Some(1000));
     // ...but the window frees its slot after 12 ms, and so does the cooldown.
     host.advance(5);
-    local(&mut host, "/v1/chat/completions", &[A]);
+    local(&mut host, PATH, &[A]);
     host.advance(7 + GRAIN);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
     // Longer whole-second hints, and hints in ms, are kept as they are.
     let mut host = Host::new(CFG);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     let h = [
         ("retry-after", "2"),
         ("x-ratelimit-remaining-requests", "0"),
@@ -367,18 +362,18 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
     ];
     host.respond(&f, 429, &h, RL);
     host.advance(1_999);
-    local(&mut host, "/v1/chat/completions", &[A]);
+    local(&mut host, PATH, &[A]);
 }
 
 #[test]
 fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     // Two requests in flight at the end of a cooldown: without the pace (hold off).
     let mut host = Host::new(CFG_NO_HOLD);
-    let f = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
     host.respond(&f, 429, &[("retry-after", "3")], RL);
     host.advance(3_000 + GRAIN);
-    let f = host.forward("/v1/chat/completions", &[A]);
-    let racing = host.forward("/v1/chat/completions", &[A]);
+    let f = host.forward(PATH, &[A]);
+    let racing = host.forward(PATH, &[A]);
     host.respond(
         &f,
         200,
@@ -392,9 +387,9 @@ fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     // cooldown: within the episode's 600 ms spread, but a different statement, so it holds.
     host.respond(&racing, 429, &[("retry-after-ms", "340")], RL);
     host.advance(339 + GRAIN);
-    local(&mut host, "/v1/chat/completions", &[A]);
+    local(&mut host, PATH, &[A]);
     host.advance(1);
-    host.forward("/v1/chat/completions", &[A]);
+    host.forward(PATH, &[A]);
 }
 
 /// The stored layouts, byte for byte: shared data outlives the VM that wrote it (a module

@@ -6,7 +6,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{Decision, Host};
+use common::{Decision, Host, Sent};
 use llm_governor_core::classify::Dialect;
 use llm_governor_core::config::{self, Counts, Settle};
 use llm_governor_core::counting::{self, Count, Prediction, Reserve};
@@ -366,7 +366,7 @@ fn agent_body(system_words: usize, turns: &[&str]) -> Vec<u8> {
 
 const KEY: (&str, &str) = ("x-api-key", "sk-ant-agent");
 
-fn forward(h: &mut Host, body: &[u8]) -> llm_governor_core::request::Flow {
+fn forward(h: &mut Host, body: &[u8]) -> Sent {
     match h.request_with_body(
         "/v1/messages",
         &[KEY, ("anthropic-version", "2023-06-01")],
@@ -387,7 +387,7 @@ fn an_agent_reserves_what_the_provider_will_count() {
     let account = h.governor().id(b"sk-ant-agent");
     // The first call: nothing cached, no usage seen: all of its input, and 1,024 of output
     // (default_output_tokens), not its max_tokens of 16,000 (which the bucket cannot hold).
-    let mut first = forward(
+    let first = forward(
         &mut h,
         &agent_body(10_000, &["Fix the failing test in src/lib.rs."]),
     );
@@ -396,21 +396,14 @@ fn an_agent_reserves_what_the_provider_will_count() {
     assert_eq!(r[1], 1024);
     // It succeeds: the provider wrote the prefix and reported what it counted.
     let written = r#"{"type":"message","usage":{"input_tokens":4,"cache_creation_input_tokens":10230,"cache_read_input_tokens":0,"output_tokens":180}}"#;
-    assert_eq!(
-        h.answer(
-            &mut first,
-            200,
-            &[("content-type", "application/json")],
-            written
-        ),
-        None
-    );
-    h.end_with(&mut first, scanned(written));
+    let json = [("content-type", "application/json")];
+    assert!(h.respond(&first, 200, &json, written).is_none());
+    h.end(&first);
     assert_eq!(h.bucket_tokens(0, account), Some(20_000 - 10_234));
     assert_eq!(h.bucket_tokens(1, account), Some(6_000 - 180));
     // The next turn reads the system prompt and the first turn from the cache: it reserves
     // the new turn's few tokens, and the output its model's recent usage says.
-    let mut second = forward(
+    let second = forward(
         &mut h,
         &agent_body(
             10_000,
@@ -427,8 +420,8 @@ fn an_agent_reserves_what_the_provider_will_count() {
     assert!(second.prediction().hit.is_some());
     // A longer answer than predicted is charged in full at the end; the input as counted.
     let long = r#"{"type":"message","usage":{"input_tokens":3,"cache_creation_input_tokens":24,"cache_read_input_tokens":10230,"output_tokens":900}}"#;
-    h.answer(&mut second, 200, &[], long);
-    h.end_with(&mut second, scanned(long));
+    h.respond(&second, 200, &json, long);
+    h.end(&second);
     assert_eq!(h.bucket_tokens(0, account), Some(20_000 - 10_234 - 27));
     assert_eq!(h.bucket_tokens(1, account), Some(6_000 - 180 - 900));
     // Both predictions' errors are stats.
@@ -467,15 +460,11 @@ fn an_agent_reserves_what_the_provider_will_count() {
 fn a_failed_call_remembers_nothing_and_the_old_rule_reserves_max_tokens() {
     let mut h = Host::new(&agent_config());
     let body = agent_body(2_000, &["hello"]);
-    let mut first = forward(&mut h, &body);
+    let first = forward(&mut h, &body);
     // A 400 (the provider refused the request): nothing was cached.
-    h.answer(
-        &mut first,
-        400,
-        &[],
-        r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#,
-    );
-    h.end(&mut first);
+    let bad = r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#;
+    h.respond(&first, 400, &[], bad);
+    h.end(&first);
     let again = forward(&mut h, &body);
     assert_eq!(again.prediction().hit, None);
     assert!(reserved(&again)[0] >= 2_000);

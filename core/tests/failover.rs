@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::provider::{A, B, PATH, QUOTA, RL};
 use common::Step;
 use common::{flows, go, header, Host};
 use llm_governor_core::config;
@@ -15,12 +16,6 @@ const CFG: &str = r#"{"pools": [
   {"name": "primary", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai", "fallback": ["backup"]},
   {"name": "backup", "match": {"header": {"name": "x-never", "value": "x"}}, "dialect": "openai", "account": "backup-key"}
 ]}"#;
-const PATH: &str = "/v1/chat/completions";
-const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
-const QUOTA: &str =
-    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
-const A: (&str, &str) = ("authorization", "Bearer sk-a");
-const B: (&str, &str) = ("authorization", "Bearer sk-b");
 const PRIMARY: usize = 0;
 const BACKUP: usize = 1;
 
@@ -30,7 +25,7 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     let f = host.forward(PATH, &[A]);
     assert_eq!(host.governor().pools().steered_to(&f), None);
     host.respond(&f, 429, &[("retry-after", "5")], RL);
-    let mut steered = go(host.arrive(1, PATH, &[A]));
+    let steered = go(host.arrive(1, PATH, &[A]));
     assert_eq!(host.governor().pools().steered_to(&steered), Some("backup"));
     assert_eq!(steered.pool, BACKUP);
     // The fallback's account is its label, hashed like a credential: never the client's key.
@@ -39,8 +34,12 @@ fn a_cooling_primary_steers_to_the_fallback_which_governs_from_then_on() {
     // Another account of the primary is not steered.
     let other = go(host.arrive(2, PATH, &[B]));
     assert_eq!(other.pool, PRIMARY);
-    // A 429 from the fallback cools the fallback's (pool, account), counted on its stats.
-    host.answer(&mut steered, 429, &[("retry-after", "2")], RL);
+    // A 429 from the fallback cools the fallback's (pool, account), counted on its stats; its
+    // client is told where it was steered.
+    let g = host
+        .respond(&steered, 429, &[("retry-after", "2")], RL)
+        .unwrap();
+    assert_eq!(header(&g.headers, "x-llm-governor-pool"), "backup");
     assert_eq!(
         host.metrics.count_of(BACKUP, Counter::UpstreamRateLimited),
         1
@@ -74,8 +73,8 @@ fn both_cooling_beyond_the_hold_answers_with_the_shortest_wait() {
     let mut host = Host::new(CFG);
     let f = host.forward(PATH, &[A]);
     host.respond(&f, 429, &[("retry-after", "30")], RL);
-    let mut steered = go(host.arrive(1, PATH, &[A]));
-    host.answer(&mut steered, 429, &[("retry-after", "20")], RL);
+    let steered = go(host.arrive(1, PATH, &[A]));
+    host.respond(&steered, 429, &[("retry-after", "20")], RL);
     match host.arrive(2, PATH, &[A]) {
         Step::Reply(r) => {
             assert_eq!(header(&r.headers, "x-llm-governor-source"), "cooldown");
@@ -117,10 +116,8 @@ fn an_upstream_429_with_a_fallback_that_has_room_says_come_back_at_once() {
         "quota_exhausted"
     );
     // When the fallback is cooling too, the provider's time is told as usual.
-    let mut s = go(host.arrive(1, PATH, &[A]));
-    let g = host
-        .answer(&mut s, 429, &[("retry-after", "7")], RL)
-        .unwrap();
+    let s = go(host.arrive(1, PATH, &[A]));
+    let g = host.respond(&s, 429, &[("retry-after", "7")], RL).unwrap();
     assert_eq!(header(&g.headers, "retry-after-ms"), "7000");
 }
 
@@ -132,18 +129,18 @@ fn a_full_cap_on_the_primary_steers_before_holding() {
           {"name": "backup", "match": {"header": {"name": "x-never", "value": "x"}}, "account": "k2"}],
           "limits": [{"name": "cap", "key": "account", "max_in_flight": 1}]}"#,
     );
-    let mut first = go(host.arrive(1, PATH, &[A]));
+    let first = go(host.arrive(1, PATH, &[A]));
     assert_eq!(first.pool, PRIMARY);
-    let mut second = go(host.arrive(2, PATH, &[A]));
+    let second = go(host.arrive(2, PATH, &[A]));
     assert_eq!(
         second.pool, BACKUP,
         "the fallback's account has its own cap"
     );
     assert!(matches!(host.arrive(3, PATH, &[A]), Step::Held));
-    host.end(&mut second);
+    host.end(&second);
     let out = flows(host.tick());
     assert_eq!(out.len(), 1);
-    host.end(&mut first);
+    host.end(&first);
 }
 
 #[test]

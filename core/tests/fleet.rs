@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::reactions::{calls, replied};
 use common::*;
 use llm_governor_core::effects::TICK_MS;
 use llm_governor_core::fleet::ask::ANSWER_SLACK_MS;
@@ -25,28 +26,8 @@ fn with_on_error(on_error: &str) -> String {
 
 const TENANT: &[(&str, &str)] = &[("x-tenant-id", "acme"), ("x-api-key", "sk-secret-of-acme")];
 
-fn calls(r: &Reaction) -> Vec<ServiceCall> {
-    r.effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::CallService(c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Send request headers (no body) for stream `id`; the reaction.
-fn headers(h: &mut Host, id: u32, hs: &[(&str, &str)]) -> Reaction {
-    let owned: Vec<(String, Vec<u8>)> = hs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-        .collect();
-    let v = view("/v1/chat/completions", &owned);
-    h.call(|w, lent| w.on_request_headers(id, &v, true, lent))
 }
 
 /// What the service answered to call `seq` of stream `id` (sent as the host's token `seq`).
@@ -69,13 +50,6 @@ fn let_go_by(h: &mut Host, id: u32, seq: u32) {
     assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
 }
 
-fn replied(r: &Reaction) -> Option<&llm_governor_core::reply::LocalReply> {
-    r.effects.iter().find_map(|e| match e {
-        Effect::SendReply(reply) => Some(reply),
-        _ => None,
-    })
-}
-
 fn reply_header<'a>(r: &'a Reaction, name: &str) -> &'a str {
     let reply = replied(r).unwrap_or_else(|| panic!("no local answer: {r:?}"));
     header(&reply.headers, name)
@@ -88,7 +62,7 @@ fn count(h: &Host, c: Counter) -> usize {
 #[test]
 fn a_fleet_limit_asks_the_service_with_the_contract_descriptor_and_goes_on_its_ok() {
     let mut h = Host::new(RPM);
-    let r = headers(&mut h, 7, TENANT);
+    let r = h.request_headers(7, TENANT, true);
     assert_eq!(r.action, Action::Pause);
     let asked = calls(&r);
     assert_eq!(asked.len(), 1);
@@ -118,7 +92,7 @@ fn a_fleet_limit_asks_the_service_with_the_contract_descriptor_and_goes_on_its_o
 #[test]
 fn an_over_limit_answer_is_a_local_429_told_the_services_wait() {
     let mut h = Host::new(RPM);
-    let r = headers(&mut h, 7, TENANT);
+    let r = h.request_headers(7, TENANT, true);
     let seq = calls(&r)[0].seq;
     let r = answer(
         &mut h,
@@ -144,7 +118,7 @@ fn what_local_limits_took_goes_back_when_the_fleet_refuses() {
         r#""scope": "fleet"}, {"name": "local", "key": "header:x-tenant-id", "requests_per_minute": 1}]"#,
     );
     let mut h = Host::new(&cfg);
-    let r = headers(&mut h, 1, TENANT);
+    let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
     replied(&answer(
         &mut h,
@@ -154,7 +128,7 @@ fn what_local_limits_took_goes_back_when_the_fleet_refuses() {
     ))
     .expect("refused");
     // The local bucket of one got its request back: the next one is admitted locally again.
-    let r = headers(&mut h, 2, TENANT);
+    let r = h.request_headers(2, TENANT, true);
     assert_eq!(
         calls(&r).len(),
         1,
@@ -167,7 +141,7 @@ fn a_failed_call_falls_back_to_this_envoys_own_bucket_of_the_same_rate() {
     let mut h = Host::new(RPM); // on_error defaults to local
     let mut outcomes = Vec::new();
     for id in 1..=3 {
-        let r = headers(&mut h, id, TENANT);
+        let r = h.request_headers(id, TENANT, true);
         let seq = calls(&r)[0].seq;
         let r = answer(&mut h, id, seq, ServiceReply::Failed(14));
         outcomes.push(if replied(&r).is_some() { "429" } else { "go" });
@@ -180,14 +154,14 @@ fn a_failed_call_falls_back_to_this_envoys_own_bucket_of_the_same_rate() {
 #[test]
 fn on_error_allow_lets_it_go_and_deny_answers_it() {
     let mut h = Host::new(&with_on_error("allow"));
-    let r = headers(&mut h, 1, TENANT);
+    let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
     assert!(answer(&mut h, 1, seq, ServiceReply::Failed(4))
         .effects
         .contains(&Effect::ResumeRequest));
 
     let mut h = Host::new(&with_on_error("deny"));
-    let r = headers(&mut h, 1, TENANT);
+    let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
     let r = answer(&mut h, 1, seq, ServiceReply::Failed(4));
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
@@ -203,7 +177,7 @@ fn garbage_or_an_unknown_code_is_a_failure_never_a_panic() {
         &[][..],
     ] {
         let mut h = Host::new(&with_on_error("deny"));
-        let r = headers(&mut h, 1, TENANT);
+        let r = h.request_headers(1, TENANT, true);
         let seq = calls(&r)[0].seq;
         let r = answer(&mut h, 1, seq, ServiceReply::Message(bytes));
         assert!(replied(&r).is_some(), "{bytes:?}: {r:?}");
@@ -214,7 +188,7 @@ fn garbage_or_an_unknown_code_is_a_failure_never_a_panic() {
 #[test]
 fn no_answer_by_the_timeout_is_a_failure_decided_on_the_tick() {
     let mut h = Host::new(&with_on_error("allow"));
-    headers(&mut h, 1, TENANT);
+    h.request_headers(1, TENANT, true);
     h.advance(99);
     assert!(
         h.tick_reactions().is_empty(),
@@ -237,31 +211,39 @@ fn no_answer_by_the_timeout_is_a_failure_decided_on_the_tick() {
 #[test]
 fn a_call_that_could_not_be_sent_is_a_failed_call() {
     let mut h = Host::new(&with_on_error("deny"));
-    let r = headers(&mut h, 1, TENANT);
+    let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
     let failure = Effect::CallService(calls(&r)[0].clone())
         .failure()
         .expect("reported");
     let r = h.call(|w, lent| w.failed(1, failure, lent));
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
-    assert_eq!(seq, calls(&headers(&mut h, 2, TENANT))[0].seq - 1);
+    assert_eq!(seq, calls(&h.request_headers(2, TENANT, true))[0].seq - 1);
 }
 
-#[test]
-fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
+/// Stream 1, held after the service refused it with a reset of `reset_s`, the worker drawing
+/// `u`.
+fn held_by_a_refusal(reset_s: u64, u: f64) -> Host {
     let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
     let mut h = Host::new(&cfg);
+    h.rng.set(u);
     let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
-    let r = headers(&mut h, 1, &hs);
+    let r = h.request_headers(1, &hs, true);
     let seq = calls(&r)[0].seq;
     let r = answer(
         &mut h,
         1,
         seq,
-        ServiceReply::Message(&rls_answer(2, Some(2))),
+        ServiceReply::Message(&rls_answer(2, Some(reset_s))),
     );
     assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
     assert_eq!(h.worker.stage(1), Stage::Held);
+    h
+}
+
+#[test]
+fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
+    let mut h = held_by_a_refusal(2, 0.0);
     h.advance(1999);
     assert!(h.tick_reactions().is_empty());
     h.advance(1);
@@ -273,19 +255,7 @@ fn a_refusal_whose_wait_fits_is_held_and_asks_again_when_it_ends() {
 
 /// Held after a refusal of `reset_s` with the worker drawing `u`: the ms until it asks again.
 fn asks_again_after(reset_s: u64, u: f64) -> u64 {
-    let cfg = RPM.replace(r#""hold": {"max_ms": 0}"#, r#""hold": {"max_ms": 10000}"#);
-    let mut h = Host::new(&cfg);
-    h.rng.set(u);
-    let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
-    let r = headers(&mut h, 1, &hs);
-    let seq = calls(&r)[0].seq;
-    let r = answer(
-        &mut h,
-        1,
-        seq,
-        ServiceReply::Message(&rls_answer(2, Some(reset_s))),
-    );
-    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
+    let mut h = held_by_a_refusal(reset_s, u);
     for waited in 1..=60_000 {
         h.advance(1);
         let left = h.tick_reactions();
@@ -326,12 +296,7 @@ const USAGE: &str =
 
 /// A request with a body through the worker: headers, then the whole body. The reaction.
 fn with_body(h: &mut Host, id: u32) -> Reaction {
-    let owned: Vec<(String, Vec<u8>)> = TENANT
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-        .collect();
-    let v = view("/v1/chat/completions", &owned);
-    let r = h.call(|w, lent| w.on_request_headers(id, &v, false, lent));
+    let r = h.request_headers(id, TENANT, false);
     assert_eq!(r.action, Action::Pause);
     h.io.request_bodies.insert(id, BODY.as_bytes().to_vec());
     h.call(|w, lent| w.on_request_body(id, BODY.len(), true, lent))
@@ -350,8 +315,8 @@ fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
         ServiceReply::Message(&reserve_answer(1, "res-42")),
     );
     assert!(r.effects.contains(&Effect::ResumeRequest));
-    h.stream_response(3, 200, &[("content-type", "application/json")], USAGE);
-    h.end_stream(3);
+    h.response(3, 200, &[("content-type", "application/json")], USAGE);
+    h.end(3);
     let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert_eq!(owed[0].method, Method::Commit);
@@ -376,8 +341,8 @@ fn a_provider_error_commits_nothing_used() {
         seq,
         ServiceReply::Message(&reserve_answer(1, "res-1")),
     );
-    h.stream_response(3, 500, &[], r#"{"error":{"message":"boom"}}"#);
-    h.end_stream(3);
+    h.response(3, 500, &[], r#"{"error":{"message":"boom"}}"#);
+    h.end(3);
     let owed = h.worker.calls().take_owed();
     assert!(
         owed[0].message.ends_with(&[0x20, 0]),
@@ -398,8 +363,8 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     assert_eq!(asked[0].method, Method::ShouldRateLimit);
     let_go_by(&mut h, 3, asked[0].seq);
     // It reserved more than the 30 it used: nothing is sent back (no refund).
-    h.stream_response(3, 200, &[], USAGE);
-    h.end_stream(3);
+    h.response(3, 200, &[], USAGE);
+    h.end(3);
     assert!(h.worker.calls().take_owed().is_empty());
 
     // Used more than charged: the difference is a positive charge.
@@ -409,8 +374,8 @@ fn without_reservations_a_budget_is_charged_then_topped_up_never_refunded() {
     let r = with_body(&mut h, 4);
     let asked = calls(&r);
     let_go_by(&mut h, 4, asked[0].seq);
-    h.stream_response(4, 200, &[], &big);
-    h.end_stream(4);
+    h.response(4, 200, &[], &big);
+    h.end(4);
     let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert_eq!(owed[0].method, Method::ShouldRateLimit);
@@ -506,7 +471,7 @@ fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
         asked[0].seq,
         ServiceReply::Message(&reserve_answer(1, "res-9")),
     );
-    h.end_stream(3);
+    h.end(3);
     let owed = h.worker.calls().take_owed();
     assert_eq!(owed.len(), 1);
     assert!(contains(&owed[0].message, b"res-9") && owed[0].message.ends_with(&[0x20, 0]));
@@ -539,7 +504,7 @@ fn an_account_key_goes_to_the_service_as_its_label_or_keyed_id() {
       "limits": [{"name": "acct", "key": "account", "requests_per_minute": 5, "scope": "fleet"},
                  {"name": "byhdr", "key": "header:authorization", "requests_per_minute": 5, "scope": "fleet"}]}"#;
     let mut h = Host::new(cfg);
-    let r = headers(&mut h, 1, &[("authorization", "Bearer sk-very-secret")]);
+    let r = h.request_headers(1, &[("authorization", "Bearer sk-very-secret")], true);
     for c in calls(&r) {
         assert!(
             !contains(&c.message, b"sk-very-secret"),

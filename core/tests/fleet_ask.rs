@@ -69,10 +69,7 @@ fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
     let mut stages = vec![first.iter().map(|c| c.method).collect::<Vec<_>>()];
     let mut pending: Vec<_> = first;
     let mut says = says.iter();
-    loop {
-        let Some(call) = pending.first().cloned() else {
-            break;
-        };
+    while let Some(call) = pending.first().cloned() {
         pending.remove(0);
         let said = *says.next().expect("an answer for every call");
         let bytes = match said {
@@ -159,8 +156,10 @@ fn every_combination_of_answers_and_on_error_has_one_verdict() {
         denied,
         release,
     };
+    // (what the row proves, the configuration, the answers, each stage's calls, the verdict)
+    type Row = (&'static str, String, Vec<Says>, Vec<Vec<Method>>, Verdict);
     #[rustfmt::skip]
-    let rows: Vec<(&str, String, Vec<Says>, Vec<Vec<Method>>, Verdict)> = vec![
+    let rows: Vec<Row> = vec![
         ("one limit admits",
          rpm_only("local"), vec![Says::Ok], vec![vec![Srl]], Verdict::Admit(vec![])),
         ("one limit refuses: its reset is the wait",

@@ -5,30 +5,19 @@
 
 mod common;
 
+use common::provider::{A, B, PATH, QUOTA, RL};
+use common::reactions::set_headers;
 use common::Step;
-use common::{answered, flows, go, gone, header, Host};
+use common::{answered, cool, flows, go, gone, header, Host};
 use llm_governor_core::config::Hold;
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::deadline;
-use llm_governor_core::headers::{owned, Headers};
+use llm_governor_core::headers::Headers;
 use llm_governor_core::metrics::{Counter, Gauge};
-use llm_governor_core::policy::Flow;
 
 const CFG: &str = r#"{"pools": [
   {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}
 ]}"#;
-const PATH: &str = "/v1/chat/completions";
-const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
-const QUOTA: &str =
-    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
-const A: (&str, &str) = ("authorization", "Bearer sk-a");
-const B: (&str, &str) = ("authorization", "Bearer sk-b");
-
-/// Cool account A for `secs` with one upstream 429.
-fn cool(host: &mut Host, secs: &str) {
-    let f = host.forward(PATH, &[A]);
-    host.respond(&f, 429, &[("retry-after", secs)], RL);
-}
 
 fn held(step: Step) {
     assert!(matches!(step, Step::Held), "expected held, got {step:?}");
@@ -56,7 +45,7 @@ fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
         "nothing leaves before the provider's time and the clock's grain"
     );
     host.advance(GRAIN);
-    let mut probe = flows(host.tick());
+    let probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
     assert_eq!(probe[0].0, 1, "the first to arrive is the probe");
     assert_eq!(probe[0].1.held_ms, Some(3_000 + GRAIN));
@@ -65,11 +54,18 @@ fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
         host.tick().is_empty(),
         "the rest wait for the probe's answer"
     );
-    host.answer(
-        &mut probe[0].1,
+    let seen = host.response(
+        &probe[0].1,
         200,
         &[("x-ratelimit-remaining-requests", "2")],
         "",
+    );
+    let told = set_headers(&seen[0]);
+    let held_ms = (3_000 + GRAIN).to_string();
+    assert_eq!(
+        header(&told, "x-llm-governor-held-ms"),
+        held_ms,
+        "told it was held"
     );
     let next = host.tick();
     assert_eq!(
@@ -94,8 +90,8 @@ fn without_a_remaining_header_releases_double_with_each_success() {
     for _ in 0..4 {
         let out = flows(host.tick());
         rounds.push(out.iter().map(|(id, _)| *id).collect::<Vec<_>>());
-        for (_, mut f) in out {
-            host.answer(&mut f, 200, &[], "");
+        for (_, f) in out {
+            host.respond(&f, 200, &[], "");
         }
         host.advance(20);
     }
@@ -113,9 +109,9 @@ fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
         held(host.arrive(id, PATH, &[A]));
     }
     host.advance(1_000 + GRAIN);
-    let mut probe = flows(host.tick());
+    let probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
-    host.answer(&mut probe[0].1, 429, &[("retry-after", "2")], RL);
+    host.respond(&probe[0].1, 429, &[("retry-after", "2")], RL);
     host.advance(2_000);
     assert!(host.tick().is_empty());
     host.advance(GRAIN);
@@ -215,21 +211,14 @@ fn hold_off_answers_every_wait_at_once_and_lets_everything_go_after_a_cooldown()
 #[test]
 fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
     let mut host = Host::new(CFG);
+    // A request of account A that went before the cooldown, still in flight.
+    let in_flight = host.forward(PATH, &[A]);
     cool(&mut host, "3");
-    let mut racing = host.forward(PATH, &[B]); // another account, unaffected
+    let racing = host.forward(PATH, &[B]); // another account, unaffected
     held(host.arrive(1, PATH, &[A]));
-    // Another worker's request meets a 20 s "not now" for account A.
-    let f = host.forward(PATH, &[("authorization", "Bearer sk-c")]);
-    drop(f);
+    // The request in flight meets a 20 s "not now" for account A.
     host.advance(100);
-    let mut other = Flow {
-        ..host.forward(PATH, &[B])
-    };
-    other.account = host
-        .governor()
-        .pools()
-        .account_of(&Headers::new(&owned(&[A])));
-    host.answer(&mut other, 429, &[("retry-after", "20")], RL);
+    host.respond(&in_flight, 429, &[("retry-after", "20")], RL);
     host.advance(2_900 + GRAIN);
     let out = host.tick();
     assert_eq!(answered(&out), [1]);
@@ -248,7 +237,7 @@ fn a_wait_that_outgrows_its_limit_is_answered_with_the_time_left() {
     assert_eq!(ms, 17_100, "rng fixed at 0: exactly the time left");
     assert_eq!(host.metrics.count_of(0, Counter::HoldExpired), 1);
     assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 0);
-    host.end(&mut racing);
+    host.end(&racing);
 }
 
 #[test]
@@ -257,9 +246,9 @@ fn a_client_that_leaves_while_held_is_forgotten() {
     cool(&mut host, "1");
     held(host.arrive(1, PATH, &[A]));
     held(host.arrive(2, PATH, &[A]));
-    host.leave(1);
+    host.end(1);
     assert_eq!(host.worker.held(), 1);
-    host.leave(1);
+    host.end(1);
     assert_eq!(host.worker.held(), 1, "forgotten once");
     assert_eq!(host.metrics.sum(0, Gauge::HeldRequests), 1);
     host.advance(1_000 + GRAIN);
@@ -272,22 +261,22 @@ const CAP: &str = r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1
 #[test]
 fn max_in_flight_holds_the_next_until_a_stream_ends() {
     let mut host = Host::new(CAP);
-    let mut f1 = go(host.arrive(1, PATH, &[A]));
-    let mut f2 = go(host.arrive(2, PATH, &[A]));
+    let f1 = go(host.arrive(1, PATH, &[A]));
+    let f2 = go(host.arrive(2, PATH, &[A]));
     held(host.arrive(3, PATH, &[A]));
     go(host.arrive(4, PATH, &[B]));
     assert_eq!(host.metrics.sum(0, Gauge::InFlight), 3);
     host.advance(20);
     assert!(host.tick().is_empty());
     // However the stream ends (a reset here: no answer at all), its slot comes back.
-    host.end(&mut f1);
-    host.end(&mut f1);
-    let mut f3 = flows(host.tick());
+    host.end(&f1);
+    host.end(&f1);
+    let f3 = flows(host.tick());
     assert_eq!(f3.len(), 1);
     assert_eq!(f3[0].0, 3);
-    host.answer(&mut f2, 200, &[], "");
-    host.end(&mut f2);
-    host.end(&mut f3[0].1);
+    host.respond(&f2, 200, &[], "");
+    host.end(&f2);
+    host.end(&f3[0].1);
     assert_eq!(
         host.metrics.sum(0, Gauge::InFlight),
         1,
@@ -314,14 +303,14 @@ fn a_request_refused_by_a_later_limit_gives_back_what_earlier_ones_gave() {
           {"name": "rpm", "key": "account", "requests_per_minute": 600, "burst": 2},
           {"name": "cap", "key": "account", "max_in_flight": 1}]}"#,
     );
-    let mut f1 = go(host.arrive(1, PATH, &[A]));
+    let f1 = go(host.arrive(1, PATH, &[A]));
     held(host.arrive(2, PATH, &[A]));
     // Frozen clock: no refill. Each tick asks both limits again; without the give-back the
     // bucket's last token would be gone after the first tick.
     for _ in 0..5 {
         assert!(host.tick().is_empty());
     }
-    host.end(&mut f1);
+    host.end(&f1);
     assert_eq!(gone(&host.tick()), [2], "the bucket still had its token");
     match host.arrive(3, PATH, &[A]) {
         Step::Held => {}
@@ -431,10 +420,10 @@ fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_r
         held(host.arrive(id, PATH, &[A]));
     }
     host.advance(1_000 + GRAIN);
-    let mut probe = flows(host.tick());
+    let probe = flows(host.tick());
     assert_eq!(probe.len(), 1);
-    host.answer(
-        &mut probe[0].1,
+    host.respond(
+        &probe[0].1,
         200,
         &[("x-ratelimit-remaining-requests", "59")],
         "",
@@ -529,10 +518,10 @@ fn after_a_cooldown_the_pace_reads_anthropics_remaining_requests_too() {
         held(host.arrive(id, path, &[key]));
     }
     host.advance(2_000 + GRAIN);
-    let mut probe = flows(host.tick());
+    let probe = flows(host.tick());
     assert_eq!(probe.len(), 1, "one probe");
-    host.answer(
-        &mut probe[0].1,
+    host.respond(
+        &probe[0].1,
         200,
         &[("anthropic-ratelimit-requests-remaining", "3")],
         "",
@@ -563,11 +552,11 @@ fn after_a_cooldown_the_pace_releases_what_the_remaining_tokens_hold_for_a_reque
         held(host.arrive_with_body(id, PATH, &[A], body));
     }
     host.advance(2_000 + GRAIN);
-    let mut probe = flows(host.tick());
+    let probe = flows(host.tick());
     assert_eq!(probe.len(), 1, "one probe");
     let tokens_left = (2 * need + need / 2).to_string();
-    host.answer(
-        &mut probe[0].1,
+    host.respond(
+        &probe[0].1,
         200,
         &[
             ("x-ratelimit-remaining-requests", "100"),

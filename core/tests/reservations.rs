@@ -5,14 +5,13 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::provider::PATH;
 use common::Decision;
 use common::{header, Host};
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::estimate;
 use llm_governor_core::keys;
 use llm_governor_core::store::SharedStore;
-
-const PATH: &str = "/v1/chat/completions";
 
 /// One token limit on the pool, settled with usage unless `extra` says otherwise.
 fn config(extra: &str) -> String {
@@ -98,17 +97,17 @@ fn usage_replaces_the_reservation_refunding_or_charging_the_difference() {
     let mut host = Host::new(&config(""));
     let body = chat(50, Some("500"));
     let reserved = input_of(&body) + 500;
-    let mut a = host.forward_with_body(PATH, &[], &body);
-    let mut b = host.forward_with_body(PATH, &[], &body);
+    let a = host.forward_with_body(PATH, &[], &body);
+    let b = host.forward_with_body(PATH, &[], &body);
     assert_eq!(level(&host, pool_id()), 3000 - 2 * reserved as i64);
     // a used less than it reserved: the rest comes back.
-    host.end_with_usage(&mut a, 100);
+    host.end_with_usage(&a, 100);
     assert_eq!(level(&host, pool_id()), 3000 - reserved as i64 - 100);
     // b used more (a longer answer than estimated): the difference is charged.
-    host.end_with_usage(&mut b, reserved + 300);
+    host.end_with_usage(&b, reserved + 300);
     assert_eq!(level(&host, pool_id()), 3000 - 100 - reserved as i64 - 300);
     // Settled once: a second end changes nothing.
-    host.end_with_usage(&mut b, 0);
+    host.end(&b);
     assert_eq!(level(&host, pool_id()), 3000 - 100 - reserved as i64 - 300);
 }
 
@@ -117,8 +116,8 @@ fn with_no_usage_reported_the_reservation_is_kept() {
     let mut host = Host::new(&config(""));
     let body = chat(50, Some("500"));
     let reserved = input_of(&body) + 500;
-    let mut flow = host.forward_with_body(PATH, &[], &body);
-    host.end(&mut flow);
+    let flow = host.forward_with_body(PATH, &[], &body);
+    host.end(&flow);
     assert_eq!(level(&host, pool_id()), 3000 - reserved as i64);
 }
 
@@ -126,10 +125,10 @@ fn with_no_usage_reported_the_reservation_is_kept() {
 fn an_error_the_provider_sent_gives_the_reservation_back() {
     let mut host = Host::new(&config(""));
     let body = chat(50, Some("500"));
-    let mut flow = host.forward_with_body(PATH, &[], &body);
-    host.answer(&mut flow, 400, &[], "");
+    let flow = host.forward_with_body(PATH, &[], &body);
+    host.respond(&flow, 400, &[], "");
     assert_eq!(level(&host, pool_id()), 3000);
-    assert!(!flow.reserves());
+    assert!(!host.flow(&flow).reserves());
 }
 
 #[test]
@@ -228,7 +227,7 @@ fn bad_bodies_are_estimated_safely_never_refused_for_our_parser() {
 fn reserve_false_keeps_charging_after_the_response() {
     let mut host = Host::new(&config(r#", "reserve": false"#));
     let body = chat(100, Some("200"));
-    let mut flow = host.forward_with_body(PATH, &[], &body);
+    let flow = host.forward_with_body(PATH, &[], &body);
     assert_eq!(flow.charges[0].reserved, 0);
     assert!(host
         .store
@@ -236,7 +235,7 @@ fn reserve_false_keeps_charging_after_the_response() {
         .unwrap()
         .is_some());
     assert_eq!(level(&host, pool_id()), 3000);
-    host.end_with_usage(&mut flow, 2500);
+    host.end_with_usage(&flow, 2500);
     assert_eq!(level(&host, pool_id()), 500);
 }
 
@@ -257,7 +256,7 @@ fn reservations_stay_exact_when_other_workers_write_in_between() {
     }
     assert_eq!(level(&host, pool_id()), 3000 - 10 * reserved as i64);
     let mut used = 0;
-    for (i, flow) in flows.iter_mut().enumerate().rev() {
+    for (i, flow) in flows.iter().enumerate().rev() {
         host.store
             .inject_conflicts
             .store(2, std::sync::atomic::Ordering::SeqCst);
@@ -336,13 +335,13 @@ fn settle_reservation_counts_as_openai_does_and_is_never_adjusted() {
         counted > input_of(&body) + 200,
         "prose JSON has more bytes / 4 than tokens"
     );
-    let mut flow = host.forward_with_body(PATH, &[], &body);
+    let flow = host.forward_with_body(PATH, &[], &body);
     assert_eq!(flow.charges[0].reserved, counted);
-    host.end_with_usage(&mut flow, 10);
+    host.end_with_usage(&flow, 10);
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
     // An error the provider answered still gives it back: its limiter counted nothing.
-    let mut flow = host.forward_with_body(PATH, &[], &body);
-    host.answer(&mut flow, 400, &[], "");
+    let flow = host.forward_with_body(PATH, &[], &body);
+    host.respond(&flow, 400, &[], "");
     assert_eq!(level(&host, pool_id()), 3000 - counted as i64);
 }
 
@@ -352,15 +351,15 @@ fn auto_settles_as_the_provider_behind_the_request_counts() {
     let body = chat(100, Some("200"));
     let by_chars = input_of(&body).max((body.len() as u64).div_ceil(4)) + 200;
     // OpenAI (and Azure OpenAI) count at admission and never adjust.
-    let mut openai = host.forward_with_body(PATH, &[], &body);
+    let openai = host.forward_with_body(PATH, &[], &body);
     assert_eq!(openai.charges[0].reserved, by_chars);
-    host.end_with_usage(&mut openai, 10);
+    host.end_with_usage(&openai, 10);
     assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64);
     // Anthropic adjusts to the tokens used at the end of a request.
     let anthropic = [("anthropic-version", "2023-06-01")];
-    let mut flow = host.forward_with_body("/v1/messages", &anthropic, &body);
+    let flow = host.forward_with_body("/v1/messages", &anthropic, &body);
     assert_eq!(flow.charges[0].reserved, input_of(&body) + 200);
-    host.end_with_usage(&mut flow, 10);
+    host.end_with_usage(&flow, 10);
     assert_eq!(level(&host, pool_id()), 3000 - by_chars as i64 - 10);
 }
 

@@ -4,18 +4,16 @@
 
 mod common;
 
+use common::provider::{A, PATH};
 use common::Host;
 use common::Step;
 use llm_governor_core::metrics::Counter;
 
-const PATH: &str = "/v1/chat/completions";
-const A: (&str, &str) = ("authorization", "Bearer sk-a");
-
 fn attempt(host: &mut Host, count: &str, status: u16) {
     match host.arrive(1, PATH, &[A, ("x-stainless-retry-count", count)]) {
-        Step::Go(mut flow) => {
-            host.answer(&mut flow, status, &[("retry-after", "1")], "");
-            host.end(&mut flow);
+        Step::Go(sent) => {
+            host.respond(&sent, status, &[("retry-after", "1")], "");
+            host.end(&sent);
         }
         other => panic!("expected to go, got {other:?}"),
     }

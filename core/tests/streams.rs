@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{header, view, Host};
+use common::provider::{A, QUOTA};
+use common::reactions::{paused, replies, set_headers};
+use common::{cool, header, Host};
 use llm_governor_core::effects::Direction;
 use llm_governor_core::headers::owned;
 use llm_governor_core::metrics::Counter;
@@ -16,67 +18,20 @@ use llm_governor_core::worker::{
     REQUEST_BODY_WAIT_MS,
 };
 
-const PATH: &str = "/v1/chat/completions";
-const A: (&str, &str) = ("authorization", "Bearer sk-a");
-const RL: &str = r#"{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}"#;
-const QUOTA: &str =
-    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"x"}}"#;
 /// A token limit that reserves: request bodies are read before admission.
 const RESERVING: &str = r#"{"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": 60000, "burst": 30000, "reserve": true}]}"#;
 const BODY: &[u8] =
     br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello there"}],"max_tokens":50}"#;
-
-/// Request headers of stream `id` (with a body to come unless `eos`).
-fn headers(host: &mut Host, id: u32, eos: bool, hs: &[(&str, &str)]) -> Reaction {
-    let hs = owned(hs);
-    let v = view(PATH, &hs);
-    host.call(|w, lent| w.on_request_headers(id, &v, eos, lent))
-}
 
 /// A part of stream `id`'s request body: `buffered` bytes in all so far.
 fn body(host: &mut Host, id: u32, buffered: usize, eos: bool) -> Reaction {
     host.call(|w, lent| w.on_request_body(id, buffered, eos, lent))
 }
 
-fn paused(effects: Vec<Effect>) -> Reaction {
-    Reaction {
-        effects,
-        action: Action::Pause,
-    }
-}
-
-fn replies(r: &Reaction) -> Vec<u32> {
-    r.effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::SendReply(reply) => Some(reply.status),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The response headers a reaction sets.
-fn set_headers(r: &Reaction) -> Vec<(&'static str, String)> {
-    r.effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::SetResponseHeaders(h) => Some(h.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
-}
-
-/// Cool account A for `secs` with one upstream 429.
-fn cool(host: &mut Host, secs: &str) {
-    let f = host.forward(PATH, &[A]);
-    host.respond(&f, 429, &[("retry-after", secs)], RL);
-}
-
 #[test]
 fn a_reserving_request_waits_for_its_body_and_is_admitted_on_it() {
     let mut host = Host::new(RESERVING);
-    assert_eq!(headers(&mut host, 1, false, &[A]), paused(vec![]));
+    assert_eq!(host.request_headers(1, &[A], false), paused(vec![]));
     assert_eq!(host.worker.stage(1), Stage::ReadingBody);
     host.io.request_bodies.insert(1, BODY.to_vec());
     assert_eq!(
@@ -95,7 +50,7 @@ fn a_reserving_request_waits_for_its_body_and_is_admitted_on_it() {
 #[test]
 fn a_body_that_never_comes_is_admitted_unread_and_turns_on_headers_only_mode_for_a_minute() {
     let mut host = Host::new(RESERVING);
-    headers(&mut host, 1, false, &[A]);
+    host.request_headers(1, &[A], false);
     assert_eq!(host.worker.next_due_ms(), Some(host.now_ms + BODY_WAIT_MS));
     host.advance(BODY_WAIT_MS - 1);
     assert!(host.tick_reactions().is_empty());
@@ -107,9 +62,12 @@ fn a_body_that_never_comes_is_admitted_unread_and_turns_on_headers_only_mode_for
     assert_eq!(host.worker.stage(1), Stage::Upstream);
     assert_eq!(host.metrics.count_of(0, Counter::BodyUnavailable), 1);
     // For a minute, requests are admitted at their headers: nothing pauses for a body.
-    assert_eq!(headers(&mut host, 2, false, &[A]).action, Action::Continue);
+    assert_eq!(
+        host.request_headers(2, &[A], false).action,
+        Action::Continue
+    );
     host.advance(HEADERS_ONLY_FOR_MS);
-    assert_eq!(headers(&mut host, 3, false, &[A]), paused(vec![]));
+    assert_eq!(host.request_headers(3, &[A], false), paused(vec![]));
     assert_eq!(
         host.worker.stage(3),
         Stage::ReadingBody,
@@ -120,7 +78,7 @@ fn a_body_that_never_comes_is_admitted_unread_and_turns_on_headers_only_mode_for
 #[test]
 fn a_slow_body_gets_the_longer_wait_once_its_first_part_arrives() {
     let mut host = Host::new(RESERVING);
-    headers(&mut host, 1, false, &[A]);
+    host.request_headers(1, &[A], false);
     host.advance(500);
     host.io.request_bodies.insert(1, BODY[..20].to_vec());
     body(&mut host, 1, 20, false);
@@ -148,12 +106,7 @@ fn a_slow_body_gets_the_longer_wait_once_its_first_part_arrives() {
 fn a_local_answer_waits_for_the_end_of_the_request_body_and_drops_what_arrives() {
     let mut host = Host::new("{}");
     cool(&mut host, "30");
-    let r = headers(
-        &mut host,
-        1,
-        false,
-        &[A, ("x-envoy-expected-rq-timeout-ms", "0")],
-    );
+    let r = host.request_headers(1, &[A, ("x-envoy-expected-rq-timeout-ms", "0")], false);
     assert_eq!(r.action, Action::Pause);
     assert!(replies(&r).is_empty(), "not before the body has ended");
     assert!(matches!(r.effects[..], [Effect::AccessLog(_)]));
@@ -171,12 +124,7 @@ fn a_local_answer_waits_for_the_end_of_the_request_body_and_drops_what_arrives()
 fn a_local_answer_whose_request_body_never_ends_is_sent_when_its_wait_is_over() {
     let mut host = Host::new("{}");
     cool(&mut host, "30");
-    headers(
-        &mut host,
-        1,
-        false,
-        &[A, ("x-envoy-expected-rq-timeout-ms", "0")],
-    );
+    host.request_headers(1, &[A, ("x-envoy-expected-rq-timeout-ms", "0")], false);
     host.advance(REQUEST_BODY_WAIT_MS - 1);
     assert!(host.tick_reactions().is_empty());
     host.advance(1);
@@ -189,23 +137,18 @@ fn a_local_answer_whose_request_body_never_ends_is_sent_when_its_wait_is_over() 
 #[test]
 fn in_headers_only_mode_a_local_answer_is_sent_at_once() {
     let mut host = Host::new(RESERVING);
-    headers(&mut host, 1, false, &[A]);
+    host.request_headers(1, &[A], false);
     host.advance(BODY_WAIT_MS);
     host.tick_reactions(); // the body never came
     cool(&mut host, "30");
-    let r = headers(
-        &mut host,
-        2,
-        false,
-        &[A, ("x-envoy-expected-rq-timeout-ms", "0")],
-    );
+    let r = host.request_headers(2, &[A, ("x-envoy-expected-rq-timeout-ms", "0")], false);
     assert_eq!(replies(&r), [429], "no body callback is coming to wait for");
 }
 
 #[test]
 fn an_error_response_waits_for_its_body_and_is_classified_by_it() {
     let mut host = Host::new("{}");
-    assert_eq!(headers(&mut host, 1, true, &[A]).action, Action::Continue);
+    assert_eq!(host.request_headers(1, &[A], true).action, Action::Continue);
     let r = error_headers(&mut host, 1);
     assert_eq!(r, paused(vec![]));
     assert_eq!(host.worker.stage(1), Stage::AwaitingErrorBody);
@@ -225,14 +168,14 @@ fn an_error_response_waits_for_its_body_and_is_classified_by_it() {
 #[test]
 fn an_error_body_that_never_comes_is_classified_from_status_and_headers() {
     let mut host = Host::new("{}");
-    headers(&mut host, 1, true, &[A]);
-    let rs = host.stream_response(1, 429, &[("retry-after", "2")], "");
+    host.request_headers(1, &[A], true);
+    let rs = host.response(1, 429, &[("retry-after", "2")], "");
     // An end-of-stream 429 has no body to wait for: classified at once.
     assert_eq!(
         header(&set_headers(&rs[0]), "x-llm-governor-class"),
         "rate_limited"
     );
-    headers(&mut host, 2, true, &[("authorization", "Bearer sk-b")]);
+    host.request_headers(2, &[("authorization", "Bearer sk-b")], true);
     let r = error_headers(&mut host, 2);
     assert_eq!(r.action, Action::Pause);
     host.advance(BODY_WAIT_MS);
@@ -255,7 +198,7 @@ fn a_provider_error_gives_the_reservation_back_and_envoys_own_503_is_left_ungove
         r#"{"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": 60, "burst": 100, "reserve": true}]}"#,
     );
     let reserve = |host: &mut Host, id: u32| {
-        headers(host, id, false, &[A]);
+        host.request_headers(id, &[A], false);
         host.io.request_bodies.insert(id, BODY.to_vec());
         body(host, id, BODY.len(), true);
         host.worker.flow(id).unwrap().charges.clone()
@@ -263,8 +206,8 @@ fn a_provider_error_gives_the_reservation_back_and_envoys_own_503_is_left_ungove
     let before = reserve(&mut host, 1);
     assert!(!before.is_empty());
     // The provider's own 500: its reservation is given back.
-    host.stream_response(1, 500, &[], "");
-    host.end_stream(1);
+    host.response(1, 500, &[], "");
+    host.end(1);
     let again = reserve(&mut host, 2);
     assert_eq!(
         again, before,
@@ -272,7 +215,7 @@ fn a_provider_error_gives_the_reservation_back_and_envoys_own_503_is_left_ungove
     );
     // Envoy's own 503 (an upstream reset): not governed, nothing cools.
     host.io.from_envoy.insert(2);
-    let rs = host.stream_response(2, 503, &[], "");
+    let rs = host.response(2, 503, &[], "");
     assert_eq!(rs[0].action, Action::Continue);
     assert!(
         set_headers(&rs[0]).is_empty(),
@@ -280,10 +223,10 @@ fn a_provider_error_gives_the_reservation_back_and_envoys_own_503_is_left_ungove
     );
     assert_eq!(host.metrics.count_of(0, Counter::UpstreamOverloaded), 0);
     // The provider's own 503 is (Envoy's kept stream 2's reservation: stream 3 waits for it).
-    host.end_stream(2);
+    host.end(2);
     host.advance(60_000);
     reserve(&mut host, 3);
-    let rs = host.stream_response(3, 503, &[], "");
+    let rs = host.response(3, 503, &[], "");
     assert_eq!(
         header(&set_headers(&rs[0]), "x-llm-governor-class"),
         "overloaded"
@@ -295,7 +238,7 @@ fn a_request_whose_wait_outgrows_its_hold_is_answered_once_its_body_ends() {
     let mut host = Host::new(r#"{"hold": {"max_ms": 2000}}"#);
     cool(&mut host, "5");
     // The 5 s wait is longer than the 2 s it may be held: answered, once its body has ended.
-    let r = headers(&mut host, 1, false, &[A]);
+    let r = host.request_headers(1, &[A], false);
     assert!(replies(&r).is_empty());
     assert_eq!(host.worker.stage(1), Stage::ReplyPending);
     let r = body(&mut host, 1, 10, true);
@@ -307,10 +250,10 @@ const CAP: &str = r#"{"limits": [{"name": "cap", "key": "pool", "max_in_flight":
 #[test]
 fn a_held_request_whose_body_ended_is_answered_at_once_when_its_hold_gives_up() {
     let mut host = Host::new(CAP);
-    headers(&mut host, 1, true, &[A]);
+    host.request_headers(1, &[A], true);
     // Its client gives up in 3 s: held for 1 s (the 2 s margin before that).
     let deadline = [A, ("x-envoy-expected-rq-timeout-ms", "3000")];
-    assert_eq!(headers(&mut host, 2, false, &deadline), paused(vec![]));
+    assert_eq!(host.request_headers(2, &deadline, false), paused(vec![]));
     assert_eq!(host.worker.stage(2), Stage::Held);
     assert_eq!(
         body(&mut host, 2, 10, true),
@@ -332,17 +275,17 @@ fn a_held_request_that_goes_is_steered_then_resumed() {
       {"name": "backup", "match": {"header": {"name": "x-never", "value": "x"}}, "account": "b"}
     ], "limits": [{"name": "cap", "key": "pool", "max_in_flight": 1}]}"#;
     let mut host = Host::new(cfg);
-    assert_eq!(headers(&mut host, 1, true, &[A]).action, Action::Continue);
-    let r = headers(&mut host, 2, true, &[A]);
+    assert_eq!(host.request_headers(1, &[A], true).action, Action::Continue);
+    let r = host.request_headers(2, &[A], true);
     assert_eq!(
         r.effects,
         [Effect::Steer("backup".into())],
         "the primary's cap is full"
     );
     assert_eq!(r.action, Action::Continue);
-    assert_eq!(headers(&mut host, 3, true, &[A]), paused(vec![]));
+    assert_eq!(host.request_headers(3, &[A], true), paused(vec![]));
     assert_eq!(host.worker.stage(3), Stage::Held, "both caps full: held");
-    host.end_stream(2); // the backup's slot frees
+    host.end(2); // the backup's slot frees
     let out = host.tick_reactions();
     assert_eq!(
         out,
@@ -357,7 +300,7 @@ fn a_held_request_that_goes_is_steered_then_resumed() {
 #[test]
 fn a_client_sent_pool_header_is_stripped_first_or_the_request_refused() {
     let mut host = Host::new("{}");
-    let r = headers(&mut host, 1, true, &[A, ("x-llm-governor-pool", "premium")]);
+    let r = host.request_headers(1, &[A, ("x-llm-governor-pool", "premium")], true);
     assert_eq!(r.effects.first(), Some(&Effect::StripSteeringHeader));
     assert_eq!(r.action, Action::Continue);
     let r = host.call(|w, lent| w.failed(1, Failure::Strip, lent));
@@ -367,11 +310,11 @@ fn a_client_sent_pool_header_is_stripped_first_or_the_request_refused() {
 #[test]
 fn a_failed_resume_gives_back_what_the_request_took_and_a_failed_answer_lets_it_go() {
     let mut host = Host::new(r#"{"limits": [{"name": "cap", "key": "pool", "max_in_flight": 1}]}"#);
-    headers(&mut host, 1, true, &[A]);
+    host.request_headers(1, &[A], true);
     host.call(|w, lent| w.failed(1, Failure::Resume, lent));
     assert_eq!(host.worker.stage(1), Stage::Done);
     assert_eq!(
-        headers(&mut host, 2, true, &[A]).action,
+        host.request_headers(2, &[A], true).action,
         Action::Continue,
         "the slot came back"
     );
@@ -383,14 +326,14 @@ fn a_failed_resume_gives_back_what_the_request_took_and_a_failed_answer_lets_it_
 fn a_stream_that_ends_twice_gives_its_slot_back_once() {
     let mut host = Host::new(CAP);
     let no_hold = [A, ("x-envoy-expected-rq-timeout-ms", "0")];
-    headers(&mut host, 1, true, &no_hold);
-    host.end_stream(1);
-    host.end_stream(1);
+    host.request_headers(1, &no_hold, true);
+    host.end(1);
+    host.end(1);
     assert_eq!(
-        headers(&mut host, 2, true, &no_hold).action,
+        host.request_headers(2, &no_hold, true).action,
         Action::Continue
     );
-    let r = headers(&mut host, 3, true, &no_hold);
+    let r = host.request_headers(3, &no_hold, true);
     assert_eq!(replies(&r), [429], "one slot, not two");
 }
 
@@ -400,18 +343,18 @@ fn usage_is_read_from_the_response_body_and_charged_at_the_stream_end() {
         r#"{"limits": [{"name": "tpm", "key": "pool", "tokens_per_minute": 600, "burst": 100, "settle": "usage"}]}"#,
     );
     let no_hold = [A, ("x-envoy-expected-rq-timeout-ms", "0")];
-    headers(&mut host, 1, true, &no_hold);
+    host.request_headers(1, &no_hold, true);
     let usage = r#"{"usage":{"prompt_tokens":40,"completion_tokens":70,"total_tokens":110}}"#;
-    host.stream_response(1, 200, &[], usage);
+    host.response(1, 200, &[], usage);
     assert_eq!(
-        headers(&mut host, 2, true, &no_hold).action,
+        host.request_headers(2, &no_hold, true).action,
         Action::Continue,
         "not charged yet"
     );
-    host.end_stream(2);
-    host.end_stream(1);
+    host.end(2);
+    host.end(1);
     // 110 tokens put the budget of 100 in debt: refused until it refills.
-    let r = headers(&mut host, 3, true, &no_hold);
+    let r = host.request_headers(3, &no_hold, true);
     let Some(Effect::SendReply(reply)) =
         r.effects.iter().find(|e| matches!(e, Effect::SendReply(_)))
     else {
@@ -439,7 +382,7 @@ fn error_headers(host: &mut Host, id: u32) -> Reaction {
 #[test]
 fn an_error_body_that_misses_its_wait_is_classified_on_what_arrived() {
     let mut host = Host::new("{}");
-    headers(&mut host, 1, true, &[A]);
+    host.request_headers(1, &[A], true);
     assert_eq!(error_headers(&mut host, 1).action, Action::Pause);
     // The first 60 bytes (the quota code among them) arrive; the rest trickles.
     host.io
@@ -465,12 +408,12 @@ fn body_part(host: &mut Host, id: u32, buffered: usize) -> Reaction {
 fn one_slow_error_body_changes_how_no_other_answer_is_read() {
     let mut host = Host::new("{}");
     // Body callbacks are seen to work on this worker: a quota 429 read whole.
-    headers(&mut host, 1, true, &[A]);
+    host.request_headers(1, &[A], true);
     error_headers(&mut host, 1);
     host.io.response_bodies.insert(1, QUOTA.as_bytes().to_vec());
     host.call(|w, lent| w.on_response_body(1, QUOTA.len(), true, lent));
     // Then one whose body does not come in time at all.
-    headers(&mut host, 2, true, &[("authorization", "Bearer sk-slow")]);
+    host.request_headers(2, &[("authorization", "Bearer sk-slow")], true);
     error_headers(&mut host, 2);
     host.advance(BODY_WAIT_MS);
     let out = host.tick_reactions();
@@ -479,7 +422,7 @@ fn one_slow_error_body_changes_how_no_other_answer_is_read() {
         "rate_limited"
     );
     // Another account's prompt quota 429 is still read by its body.
-    headers(&mut host, 3, true, &[("authorization", "Bearer sk-other")]);
+    host.request_headers(3, &[("authorization", "Bearer sk-other")], true);
     assert_eq!(
         error_headers(&mut host, 3),
         paused(vec![]),
@@ -497,12 +440,12 @@ fn one_slow_error_body_changes_how_no_other_answer_is_read() {
 #[test]
 fn on_a_worker_that_never_saw_a_body_callback_a_missing_body_still_means_headers_only() {
     let mut host = Host::new("{}");
-    headers(&mut host, 1, true, &[A]);
+    host.request_headers(1, &[A], true);
     error_headers(&mut host, 1);
     host.advance(BODY_WAIT_MS);
     host.tick_reactions();
     assert_eq!(host.metrics.count_of(0, Counter::BodyUnavailable), 1);
-    headers(&mut host, 2, true, &[("authorization", "Bearer sk-b")]);
+    host.request_headers(2, &[("authorization", "Bearer sk-b")], true);
     let r = error_headers(&mut host, 2);
     assert_eq!(
         r.action,
@@ -518,7 +461,7 @@ fn on_a_worker_that_never_saw_a_body_callback_a_missing_body_still_means_headers
 #[test]
 fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouched() {
     let mut host = Host::new(RESERVING);
-    headers(&mut host, 1, false, &[A]);
+    host.request_headers(1, &[A], false);
     // Reading the body before admission: the worker wants the request body.
     assert!(host.worker.reads_body(1, Direction::Request));
     assert!(!host.worker.reads_body(1, Direction::Response));
@@ -544,7 +487,7 @@ fn a_host_may_skip_exactly_the_body_chunks_the_worker_would_let_through_untouche
     );
     // With `{}`, a forwarded request's bodies are never needed.
     let mut plain = Host::new("{}");
-    headers(&mut plain, 1, false, &[A]);
+    plain.request_headers(1, &[A], false);
     assert!(
         !plain.worker.reads_body(1, Direction::Request)
             && !plain.worker.reads_body(1, Direction::Response)

@@ -59,10 +59,10 @@ const CFG: &str = r#"{"limits": [
 fn budget_admits_while_tokens_are_left_and_charges_usage() {
     let mut host = Host::new(CFG);
     let t = [("x-tenant-id", "t1")];
-    let mut flow = host.forward("/v1/chat/completions", &t);
+    let flow = host.forward("/v1/chat/completions", &t);
     assert_eq!(flow.charges.len(), 1);
     // Usage above the bucket: the tenant goes into debt...
-    host.end_with_usage(&mut flow, 1500);
+    host.end_with_usage(&flow, 1500);
     // ...and is refused until 501 tokens have refilled at 100 per second.
     match host.request("/v1/chat/completions", &t) {
         Decision::Reply(r) => {

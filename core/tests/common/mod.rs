@@ -1,7 +1,17 @@
 //! A builder-style fake host for the pure core: in-memory shared data with Envoy's semantics,
 //! recorded metrics, fixed randomness, a clock the test drives, and stream buffers the test
-//! fills. Requests go through the `Worker`, the entry points every host calls.
+//! fills. Requests and responses go through the `Worker`, the entry points every host calls;
+//! `workers` drives several of them over one store.
 #![allow(dead_code)]
+
+pub mod props;
+pub mod provider;
+pub mod race;
+pub mod reactions;
+pub mod workers;
+
+use provider::{usage_body, A, PATH, RL};
+use reactions::{told, Told};
 
 use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
@@ -16,11 +26,9 @@ use llm_governor_core::store::{MemStore, SharedStore};
 use llm_governor_core::worker::{Action, Effect, Lent, Reaction, Stage, StreamIo, Worker};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-pub mod props;
-pub mod race;
 
 /// Always returns the same value in [0, 1); clones share it, so a test can change what the
 /// worker draws (`host.rng.set(0.5)`).
@@ -67,11 +75,44 @@ impl StreamIo for FakeIo {
     }
 }
 
+/// A request that went upstream: its stream, and its flow as it left (a copy: the worker keeps
+/// the stream's own, which `Host::flow` reads). Responses and ends go to its stream.
+#[derive(Clone, Debug)]
+pub struct Sent {
+    pub id: u32,
+    pub flow: Flow,
+}
+
+impl Deref for Sent {
+    type Target = Flow;
+
+    fn deref(&self) -> &Flow {
+        &self.flow
+    }
+}
+
+/// A stream the test names: by its id, or by the request that went upstream on it.
+pub trait StreamId {
+    fn stream_id(&self) -> u32;
+}
+
+impl StreamId for u32 {
+    fn stream_id(&self) -> u32 {
+        *self
+    }
+}
+
+impl StreamId for &Sent {
+    fn stream_id(&self) -> u32 {
+        self.id
+    }
+}
+
 /// What became of a request the test sent (or a tick let go).
 #[derive(Debug)]
 pub enum Step {
-    /// It went upstream, with this flow (a copy: the worker keeps the stream's own).
-    Go(Flow),
+    /// It went upstream.
+    Go(Sent),
     /// It is held.
     Held,
     /// It was answered locally.
@@ -81,7 +122,7 @@ pub enum Step {
 /// What `Host::request` decided for a request that may not be held.
 #[derive(Debug)]
 pub enum Decision {
-    Forward(Flow),
+    Forward(Sent),
     Reply(LocalReply),
 }
 
@@ -95,9 +136,11 @@ pub struct Host {
     pub now_ms: u64,
     /// How often the worker read the clock.
     pub clock_reads: Cell<u32>,
-    /// Leases for calls that go to the governor directly (`with_env`): another worker's.
+    /// Leases for calls that go to a job's type directly (`parts_with`): another worker's.
     pub leases: Leases,
     next_id: u32,
+    /// Streams that have had their response (until they end): a real stream gets one.
+    responded: HashSet<u32>,
 }
 
 pub const T0: u64 = 1_796_055_600_000; // 2026-11-30T16:20:00Z
@@ -114,16 +157,9 @@ const AUTO_IDS: u32 = 1_000_000;
 
 impl Host {
     pub fn new(config_json: &str) -> Host {
-        let cfg = match config::parse(config_json.as_bytes()) {
-            Ok(c) => c,
-            Err(e) => panic!("test config rejected: {e}"),
-        };
         let rng = FixedRng::new(0.0);
         Host {
-            worker: Worker::with_random(
-                Arc::new(Governor::new(cfg, test_key())),
-                Box::new(rng.clone()),
-            ),
+            worker: Worker::with_random(governor(config_json), Box::new(rng.clone())),
             store: MemStore::new(),
             metrics: Recorded::default(),
             rng,
@@ -132,6 +168,7 @@ impl Host {
             clock_reads: Cell::new(0),
             leases: Leases::default(),
             next_id: AUTO_IDS,
+            responded: HashSet::new(),
         }
     }
 
@@ -202,12 +239,12 @@ impl Host {
     }
 
     /// `request_with_body`; panics unless it is forwarded.
-    pub fn forward_with_body(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Flow {
+    pub fn forward_with_body(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Sent {
         forwarded(self.request_with_body(path, headers, body))
     }
 
     /// Send a request; panics unless it is forwarded.
-    pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Flow {
+    pub fn forward(&mut self, path: &str, headers: &[(&str, &str)]) -> Sent {
         forwarded(self.request(path, headers))
     }
 
@@ -227,12 +264,17 @@ impl Host {
         self.send(id, path, headers, Some(body))
     }
 
+    /// Request headers of stream `id` at `PATH` (a body to come unless `eos`): the reaction.
+    pub fn request_headers(&mut self, id: u32, headers: &[(&str, &str)], eos: bool) -> Reaction {
+        let hs = owned(headers);
+        self.call(|w, lent| arrive_headers(w, lent, id, PATH, &hs, eos))
+    }
+
     /// Request headers, then (if any) the whole body in one callback: what became of it.
     fn send(&mut self, id: u32, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Step {
         let hs = owned(headers);
-        let v = view(path, &hs);
         let eos = body.is_none();
-        let mut r = self.call(|w, lent| w.on_request_headers(id, &v, eos, lent));
+        let mut r = self.call(|w, lent| arrive_headers(w, lent, id, path, &hs, eos));
         if let Some(b) = body {
             self.io.request_bodies.insert(id, b.to_vec());
             if r.action == Action::Pause && self.worker.stage(id) != Stage::Held {
@@ -253,7 +295,10 @@ impl Host {
         let resumed = r.effects.contains(&Effect::ResumeRequest);
         if r.action == Action::Continue || resumed {
             return match self.worker.flow(id) {
-                Some(f) => Step::Go(f.clone()),
+                Some(f) => Step::Go(Sent {
+                    id,
+                    flow: f.clone(),
+                }),
                 None => panic!("stream {id} went on with no flow: {r:?}"),
             };
         }
@@ -276,100 +321,100 @@ impl Host {
         self.call(|w, lent| w.tick(lent))
     }
 
-    /// A held client went away: its stream ended.
-    pub fn leave(&mut self, id: u32) {
+    /// The stream ended (however it ended: complete, reset, or a held client gone).
+    pub fn end(&mut self, stream: impl StreamId) {
+        let id = stream.stream_id();
         self.call(|w, lent| w.on_end(id, lent));
+        self.responded.remove(&id);
     }
 
-    /// The stream `id` ended (however it ended).
-    pub fn end_stream(&mut self, id: u32) {
-        self.call(|w, lent| w.on_end(id, lent));
+    /// The stream ends after a success whose body reports `tokens` used, as its provider
+    /// reports them (the worker reads them when the request is charged its usage).
+    pub fn end_with_usage(&mut self, stream: impl StreamId, tokens: u64) {
+        let id = stream.stream_id();
+        let dialect = self.flow(id).dialect;
+        let body = usage_body(dialect, tokens);
+        self.respond(id, 200, &[("content-type", "application/json")], &body);
+        self.end(id);
     }
 
-    /// The stream of `flow` ended with the provider reporting `usage` tokens in all.
-    pub fn end_with_usage(&mut self, flow: &mut Flow, usage: u64) {
-        let usage = llm_governor_core::usage::Usage {
-            total: Some(usage),
-            ..Default::default()
-        };
-        self.end_with(flow, usage);
-    }
-
-    /// The stream of `flow` ended with the provider reporting `usage`.
-    pub fn end_with(&mut self, flow: &mut Flow, usage: llm_governor_core::usage::Usage) {
-        self.with_env(|g, env| g.responses().on_stream_end(flow, Some(usage), env));
-    }
-
-    /// A complete response: headers, then (if held) the body. Returns what the client sees.
-    /// The flow is the test's copy: its pace and slot bookkeeping stay as they were.
+    /// The response to a stream that went upstream, through the worker. What the client is
+    /// told, when the worker governed it.
     pub fn respond(
         &mut self,
-        flow: &Flow,
+        stream: impl StreamId,
         status: u16,
         headers: &[(&str, &str)],
         body: &str,
-    ) -> Option<Governed> {
-        self.answer(&mut flow.clone(), status, headers, body)
+    ) -> Option<Told> {
+        told(&self.response(stream, status, headers, body))
     }
 
-    /// A response to a flow the test keeps (its pace and slot bookkeeping move with it).
-    pub fn answer(
+    /// The response to a stream that went upstream as Envoy delivers it to the worker: headers
+    /// (with `:status`), then the body in one callback if there is one. The reactions, in order.
+    pub fn response(
         &mut self,
-        flow: &mut Flow,
-        status: u16,
-        headers: &[(&str, &str)],
-        body: &str,
-    ) -> Option<Governed> {
-        let hs = owned(headers);
-        self.with_env(|governor, env| {
-            let responses = governor.responses();
-            let headers = Headers::new(&hs);
-            let eos = body.is_empty();
-            let decided = responses.on_headers(flow, status, &headers, eos, &mut || true, env);
-            match decided.step {
-                ResponseStep::Pass => None,
-                ResponseStep::Rewrite(g) => Some(g),
-                ResponseStep::NeedBody => {
-                    responses.on_error_body(flow, status, &headers, body.as_bytes(), env)
-                }
-            }
-        })
-    }
-
-    /// The response to stream `id` as Envoy delivers it to the worker: headers (with
-    /// `:status`), then the body in one callback if there is one. The reactions, in order.
-    pub fn stream_response(
-        &mut self,
-        id: u32,
+        stream: impl StreamId,
         status: u16,
         headers: &[(&str, &str)],
         body: &str,
     ) -> Vec<Reaction> {
-        let status = status.to_string();
-        let mut all = vec![(":status", status.as_str())];
-        all.extend_from_slice(headers);
-        let hs = owned(&all);
-        let eos = body.is_empty();
-        let mut out =
-            vec![self.call(|w, lent| w.on_response_headers(id, &Headers::new(&hs), eos, lent))];
-        if !eos {
-            self.io.response_bodies.insert(id, body.as_bytes().to_vec());
-            let n = body.len();
-            out.push(self.call(|w, lent| w.on_response_body(id, n, true, lent)));
-        }
-        out
+        self.response_wire(stream, status, &owned(headers), body.as_bytes())
     }
 
-    /// The stream of `flow` ended (however it ended).
-    pub fn end(&mut self, flow: &mut Flow) {
-        self.with_env(|g, env| g.responses().on_stream_end(flow, None, env));
+    /// `response` with header values and a body of any bytes.
+    pub fn response_wire(
+        &mut self,
+        stream: impl StreamId,
+        status: u16,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) -> Vec<Reaction> {
+        let id = stream.stream_id();
+        assert_eq!(
+            self.worker.stage(id),
+            Stage::Upstream,
+            "a response comes to a request that went upstream (stream {id})"
+        );
+        assert!(
+            self.responded.insert(id),
+            "stream {id} already had its response: send another request"
+        );
+        self.io.response_bodies.insert(id, body.to_vec());
+        self.call(|w, lent| deliver_response(w, lent, id, status, headers, body.len()))
     }
 
-    /// Call the governor directly with this host's environment (and leases of its own).
-    pub fn with_env<T>(&mut self, f: impl FnOnce(&Governor, &mut Env) -> T) -> T {
+    /// The worker's own flow of a stream (it moves with the stream; `Sent` keeps a copy).
+    pub fn flow(&self, stream: impl StreamId) -> &Flow {
+        let id = stream.stream_id();
+        self.worker
+            .flow(id)
+            .unwrap_or_else(|| panic!("stream {id} is not upstream"))
+    }
+
+    /// A unit test of the response room alone (`response::Responses`), without the worker: what
+    /// it decides for a copy of `flow` on this response, its body read whole. Only for what the
+    /// client cannot see (the provider's own time); everything else goes through `respond`.
+    pub fn response_room(
+        &mut self,
+        flow: &Flow,
+        status: u16,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) -> Option<Governed> {
+        let flow = &mut flow.clone();
         let now = self.now_ms;
-        let (g, mut env) = self.parts_with(Clock::At(now));
-        f(g, &mut env)
+        let (governor, mut env) = self.parts_with(Clock::At(now));
+        let (responses, headers) = (governor.responses(), Headers::new(headers));
+        let eos = body.is_empty();
+        let decided = responses.on_headers(flow, status, &headers, eos, &mut || true, &mut env);
+        match decided.step {
+            ResponseStep::NeedBody => {
+                responses.on_error_body(flow, status, &headers, body, &mut env)
+            }
+            ResponseStep::Rewrite(g) => Some(g),
+            ResponseStep::Pass => None,
+        }
     }
 
     /// The governor and an environment with the time from `clock`.
@@ -415,8 +460,55 @@ pub fn view<'a>(path: &'a str, hs: &'a [(String, Vec<u8>)]) -> RequestView<'a> {
     }
 }
 
-/// The flow of a forwarded request; panics on a local reply.
-fn forwarded(d: Decision) -> Flow {
+/// Request headers of stream `id` at `path`, as Envoy hands them to the worker.
+pub fn arrive_headers(
+    w: &mut Worker,
+    lent: &mut Lent,
+    id: u32,
+    path: &str,
+    headers: &[(String, Vec<u8>)],
+    eos: bool,
+) -> Reaction {
+    w.on_request_headers(id, &view(path, headers), eos, lent)
+}
+
+/// The response to stream `id` as Envoy delivers it to the worker: headers (with `:status`),
+/// then, when `body_len` > 0, the body (in the host's buffer) in one callback. The reactions,
+/// in order.
+pub fn deliver_response(
+    w: &mut Worker,
+    lent: &mut Lent,
+    id: u32,
+    status: u16,
+    headers: &[(String, Vec<u8>)],
+    body_len: usize,
+) -> Vec<Reaction> {
+    let mut all = vec![(":status".to_string(), status.to_string().into_bytes())];
+    all.extend_from_slice(headers);
+    let eos = body_len == 0;
+    let mut out = vec![w.on_response_headers(id, &Headers::new(&all), eos, lent)];
+    if !eos {
+        out.push(w.on_response_body(id, body_len, true, lent));
+    }
+    out
+}
+
+/// The configuration `json` as every worker shares it, its ids keyed with the tests' key.
+pub fn governor(json: &str) -> Arc<Governor> {
+    match config::parse(json.as_bytes()) {
+        Ok(cfg) => Arc::new(Governor::new(cfg, test_key())),
+        Err(e) => panic!("test config rejected: {e}"),
+    }
+}
+
+/// Cool account A for `secs` with one upstream 429.
+pub fn cool(host: &mut Host, secs: &str) {
+    let f = host.forward(PATH, &[A]);
+    host.respond(&f, 429, &[("retry-after", secs)], RL);
+}
+
+/// The request of a forwarded decision; panics on a local reply.
+fn forwarded(d: Decision) -> Sent {
     match d {
         Decision::Forward(f) => f,
         Decision::Reply(r) => panic!("expected forward, got local reply {r:?}"),
@@ -444,8 +536,8 @@ pub fn answered(left: &[(u32, Step)]) -> Vec<u32> {
         .collect()
 }
 
-/// The flows a tick let go, by id.
-pub fn flows(left: Vec<(u32, Step)>) -> Vec<(u32, Flow)> {
+/// The requests a tick let go, by id.
+pub fn flows(left: Vec<(u32, Step)>) -> Vec<(u32, Sent)> {
     left.into_iter()
         .filter_map(|(id, s)| match s {
             Step::Go(f) => Some((id, f)),
@@ -454,8 +546,8 @@ pub fn flows(left: Vec<(u32, Step)>) -> Vec<(u32, Flow)> {
         .collect()
 }
 
-/// The flow of a request that went at once; panics otherwise.
-pub fn go(step: Step) -> Flow {
+/// A request that went at once; panics otherwise.
+pub fn go(step: Step) -> Sent {
     match step {
         Step::Go(f) => f,
         other => panic!("expected to go, got {other:?}"),

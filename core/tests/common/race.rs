@@ -3,14 +3,13 @@
 //! time, in an order the test generates (`Interleaving`), so a failing schedule shrinks and
 //! replays like any other input.
 
-use super::FixedRng;
+use super::workers::Workers;
 use llm_governor_core::config;
-use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys;
-use llm_governor_core::metrics::{Counter, Recorded};
-use llm_governor_core::policy::{Governor, RequestView};
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::policy::Governor;
 use llm_governor_core::store::{MemStore, SharedStore, StoreError};
-use llm_governor_core::worker::{Action, Lent, NoBodies, Worker};
+use llm_governor_core::worker::Action;
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
@@ -147,9 +146,9 @@ impl Outcome {
     }
 }
 
-/// Worker `w` sends `requests[w]` (tenant id, time) one after another through
-/// `Governor::on_request`, all workers at once, store operations in the order `picks` says;
-/// worker 0 is descheduled before its first write of a key starting with `starve`.
+/// Worker `w` sends `requests[w]` (tenant id, time) one after another through its `Worker`,
+/// all workers at once, store operations in the order `picks` says; worker 0 is descheduled
+/// before its first write of a key starting with `starve`.
 pub fn race(
     governor: &Arc<Governor>,
     store: &MemStore,
@@ -159,54 +158,28 @@ pub fn race(
 ) -> Outcome {
     let order = Interleaving::new(requests.len(), picks);
     let blind_writes = Mutex::new(Vec::new());
-    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
-        let handles: Vec<_> = requests
-            .iter()
-            .enumerate()
-            .map(|(me, mine)| {
-                let order = &order;
-                let blind_writes = &blind_writes;
-                s.spawn(move || {
-                    let store = WorkerStore {
-                        store,
-                        order,
-                        me,
-                        starve_before_blind_write: starve.filter(|_| me == 0),
-                        blind_writes,
-                    };
-                    let mut metrics = Recorded::default();
-                    let mut worker =
-                        Worker::with_random(Arc::clone(governor), Box::new(FixedRng::new(0.5)));
-                    let mut forwarded = 0;
-                    for (id, (tenant, now_ms)) in (1..).zip(mine) {
-                        let hs = owned(&[("x-tenant-id", tenant)]);
-                        let view = RequestView {
-                            path: b"/v1/chat/completions",
-                            authority: b"api.example.com",
-                            headers: Headers::new(&hs),
-                        };
-                        let now = *now_ms;
-                        let mut lent = Lent {
-                            store: &store,
-                            metrics: &mut metrics,
-                            clock: &move || now,
-                            io: &mut NoBodies,
-                        };
-                        let r = worker.on_request_headers(id, &view, true, &mut lent);
-                        if r.action == Action::Continue {
-                            forwarded += 1;
-                        }
-                    }
-                    order.done(me);
-                    Outcome {
-                        forwarded,
-                        contended: metrics.count_of(0, Counter::StoreContention),
-                        blind_writes: Vec::new(),
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let mut workers = Workers::new(governor, requests.len(), store).drawing(0.5);
+    let outcomes: Vec<Outcome> = workers.in_threads(|me, lane, store, _| {
+        let store = WorkerStore {
+            store,
+            order: &order,
+            me,
+            starve_before_blind_write: starve.filter(|_| me == 0),
+            blind_writes: &blind_writes,
+        };
+        let mut forwarded = 0;
+        for (tenant, now_ms) in &requests[me] {
+            let (_, r) = lane.request(&store, *now_ms, &[("x-tenant-id", tenant)]);
+            if r.action == Action::Continue {
+                forwarded += 1;
+            }
+        }
+        order.done(me);
+        Outcome {
+            forwarded,
+            contended: lane.metrics.count_of(0, Counter::StoreContention),
+            blind_writes: Vec::new(),
+        }
     });
     Outcome {
         forwarded: outcomes.iter().map(|o| o.forwarded).sum(),
