@@ -369,9 +369,9 @@ impl<'a> Replies<'a> {
         let l = &self.cfg.limits[limit];
         env.metrics.count(flow.pool, Counter::LocalRejectLimit);
         let message = format!(
-            "llm_governor: this request reserves {tokens} tokens (estimated input plus its output \
-             limit) and local limit {:?} holds at most {}; it can never be admitted: lower \
-             max_tokens or shorten the prompt",
+            "llm_governor: this request reserves {tokens} tokens (its estimated input, plus its \
+             output limit where its provider counts that) and local limit {:?} holds at most {}; \
+             it can never be admitted: lower max_tokens or shorten the prompt",
             l.name, l.burst
         );
         too_large(flow.dialect, &l.name, (l.per_window, l.window_s), &message)

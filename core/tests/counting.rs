@@ -478,3 +478,25 @@ fn a_failed_call_remembers_nothing_and_the_old_rule_reserves_max_tokens() {
         Decision::Forward(_) => panic!("a reservation over the burst went"),
     }
 }
+
+#[test]
+fn a_usage_that_contradicts_the_prediction_is_corrected() {
+    let mut h = Host::new(&agent_config());
+    let account = h.governor().id(b"sk-ant-agent");
+    let json = [("content-type", "application/json")];
+    let body = agent_body(5_000, &["Start."]);
+    let first = forward(&mut h, &body);
+    let wrote = r#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":5100,"cache_read_input_tokens":0,"output_tokens":60}}"#;
+    h.respond(&first, 200, &json, wrote);
+    h.end(&first);
+    let before = h.bucket_tokens(0, account).unwrap();
+    // Predicted a read of the whole prompt; the provider had evicted it and wrote it again:
+    // the settle charges what it counted, not what was reserved.
+    let second = forward(&mut h, &body);
+    assert!(second.prediction().hit.is_some());
+    assert!(reserved(&second)[0] < 50);
+    let evicted = r#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":5100,"cache_read_input_tokens":0,"output_tokens":60}}"#;
+    h.respond(&second, 200, &json, evicted);
+    h.end(&second);
+    assert_eq!(h.bucket_tokens(0, account), Some(before - 5_102));
+}
