@@ -120,7 +120,7 @@ impl Snapshot {
             .filter_map(|d| {
                 let w = self.window(d);
                 let reset = w.reset_ms?;
-                Some(match (need.of(d).filter(|n| *n > 0), w.limit) {
+                Some(match (need.of(d), w.limit) {
                     (Some(n), Some(limit)) if limit > 0 => {
                         let part = u128::from(reset) * u128::from(n) / u128::from(limit);
                         u64::try_from(part).unwrap_or(u64::MAX).clamp(1, reset)
@@ -131,24 +131,14 @@ impl Snapshot {
             .max()
     }
 
-    /// How long until a request needing `tokens` fits every exhausted dimension. The reset
-    /// OpenAI and Anthropic report is when the bucket is full again, refilling evenly from
-    /// empty: a token dimension with a known limit has `tokens` back after `reset × tokens /
-    /// limit`; other dimensions (and an unknown need) wait for the whole reset.
+    /// How long until a request needing `tokens` of every token dimension fits every exhausted
+    /// dimension (`short_wait_ms` with that need in each).
     pub fn exhausted_wait_ms(&self, tokens: Option<u64>) -> Option<u64> {
-        self.exhausted()
-            .filter_map(|d| {
-                let w = self.window(d);
-                let reset = w.reset_ms?;
-                Some(match (d, tokens, w.limit) {
-                    (Dimension::Requests, ..) | (_, None, _) | (_, _, None | Some(0)) => reset,
-                    (_, Some(need), Some(limit)) => {
-                        let part = u128::from(reset) * u128::from(need) / u128::from(limit);
-                        u64::try_from(part).unwrap_or(u64::MAX).clamp(1, reset)
-                    }
-                })
-            })
-            .max()
+        self.short_wait_ms(&Need {
+            tokens,
+            input_tokens: tokens,
+            output_tokens: tokens,
+        })
     }
 }
 

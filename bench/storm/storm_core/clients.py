@@ -309,7 +309,7 @@ class LoopClients(SdkClients):
             call += 1
 
 
-class AgentClients:
+class AgentClients(SdkClients):
     """`storm.clients` coding agents on the official `anthropic` SDK (`AsyncAnthropic` with its
     default retries, 60 s timeout, its own connection), each a conversation until
     `storm.duration_s`: the shared system prompt (`storm.system_chars` of prose, marked
@@ -321,6 +321,7 @@ class AgentClients:
     TURNS = 6
 
     def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+        # SdkClients' fields, with Anthropic's SDK instead of OpenAI's (hook, warm-up and close are its).
         import anthropic
 
         self.storm, self.clock = storm, clock
@@ -337,16 +338,6 @@ class AgentClients:
         self.system = [{"type": "text", "text": prose(storm.system_chars, random.Random(storm.seed)),
                         "cache_control": {"type": "ephemeral"}}]
         self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
-
-    def _hook(self, i: int):
-        async def on_response(response):
-            if not self.warming:
-                self.current[i].append(attempt_from(self.clock.now_ms(), response.status_code, response.headers))
-        return on_response
-
-    async def prepare(self) -> None:
-        await warm_up(self.clients)
-        self.warming = False
 
     def task(self, i: int) -> list:
         return [("user", "Here is the next task. " + prose(self.rng[i].randint(400, 1200), self.rng[i]))]
@@ -380,10 +371,6 @@ class AgentClients:
                 ok, error = False, type(err).__name__
             results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
             call += 1
-
-    async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
 
 
 class ScheduledClients:
