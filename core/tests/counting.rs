@@ -500,3 +500,55 @@ fn a_usage_that_contradicts_the_prediction_is_corrected() {
     h.end(&second);
     assert_eq!(h.bucket_tokens(0, account), Some(before - 5_102));
 }
+
+#[test]
+fn remembered_prefixes_count_against_max_keys() {
+    use llm_governor_core::metrics::Counter;
+    // The two buckets of the agent take both keys: nothing is left to remember prefixes in.
+    let mut h = Host::new(&agent_config().replacen('{', r#"{"max_keys": 2, "#, 1));
+    let json = [("content-type", "application/json")];
+    let body = agent_body(2_000, &["Start."]);
+    let first = forward(&mut h, &body);
+    let wrote = r#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":2100,"cache_read_input_tokens":0,"output_tokens":60}}"#;
+    h.respond(&first, 200, &json, wrote);
+    h.end(&first);
+    assert!(h.metrics.count_of(0, Counter::OverflowKeys) >= 1);
+    // Not remembered: the next request reserves its whole prompt, as it should.
+    let second = forward(&mut h, &body);
+    assert_eq!(second.prediction().hit, None);
+    assert!(reserved(&second)[0] >= 2_000);
+}
+
+#[test]
+fn a_held_request_learns_the_cache_while_it_waits() {
+    use common::Step;
+    let mut h = Host::new(&agent_config());
+    let json = [("content-type", "application/json")];
+    let body = agent_body(11_000, &["Start."]);
+    let headers = [KEY, ("anthropic-version", "2023-06-01")];
+    let Step::Go(first) = h.arrive_with_body(1, "/v1/messages", &headers, &body) else {
+        panic!("the first request waits for nothing")
+    };
+    // The same prompt at once: its whole input does not fit what is left (a few seconds of
+    // refill): held, not answered.
+    assert!(matches!(
+        h.arrive_with_body(2, "/v1/messages", &headers, &body),
+        Step::Held
+    ));
+    // The first answer says the prompt is in the cache now: when the held one asks again (its
+    // wait, the refill of the input it lacked, is over), it reserves only what follows the
+    // prefix.
+    let wrote = r#"{"usage":{"input_tokens":3,"cache_creation_input_tokens":11050,"cache_read_input_tokens":0,"output_tokens":90}}"#;
+    h.respond(&first, 200, &json, wrote);
+    h.end(&first);
+    h.advance(7_000);
+    let left = h.tick();
+    let second = left
+        .into_iter()
+        .find_map(|(id, step)| match step {
+            Step::Go(sent) if id == 2 => Some(sent),
+            _ => None,
+        })
+        .expect("the held request went when its wait was over");
+    assert!(reserved(&second)[0] < 50, "{:?}", reserved(&second));
+}
