@@ -10,6 +10,9 @@ pub enum Blocked {
     Cooling { class: Class, remaining_ms: u64 },
     /// The cooldown ended and the pace has no release open.
     Paced { retry_in_ms: u64 },
+    /// Another worker of the fleet holds this (pool, account)'s turn (`fleet::turn`): only it
+    /// sends what the cooldown's pace lets go. Asked again after `retry_in_ms`.
+    Turn { retry_in_ms: u64 },
     /// A local request bucket (or token budget) is empty.
     Bucket {
         limit: usize,
@@ -35,6 +38,7 @@ impl Blocked {
             Blocked::Cooling { remaining_ms, .. } => Some(remaining_ms),
             Blocked::Bucket { wait_ms, .. } | Blocked::Fleet { wait_ms, .. } => Some(wait_ms),
             Blocked::Paced { .. }
+            | Blocked::Turn { .. }
             | Blocked::InFlight { .. }
             | Blocked::Quota { .. }
             | Blocked::TooLarge { .. } => None,
@@ -69,9 +73,13 @@ impl Blocked {
     }
 
     /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
-    /// end, on any worker) are asked again on every tick.
+    /// end, on any worker) are asked again on every tick; the fleet's turn, after a pause (each
+    /// ask is a call to the service).
     pub fn recheck_in_ms(&self) -> u64 {
-        self.wait_ms().unwrap_or(0)
+        match *self {
+            Blocked::Turn { retry_in_ms } => retry_in_ms,
+            _ => self.wait_ms().unwrap_or(0),
+        }
     }
 
     /// As it stands `elapsed` ms later: known waits shrink (to at least 1 ms).
@@ -99,6 +107,9 @@ impl Blocked {
                 wait_ms: shrink(wait_ms),
             },
             Blocked::Paced { retry_in_ms } => Blocked::Paced {
+                retry_in_ms: shrink(retry_in_ms),
+            },
+            Blocked::Turn { retry_in_ms } => Blocked::Turn {
                 retry_in_ms: shrink(retry_in_ms),
             },
             Blocked::Quota { remaining_ms } => Blocked::Quota {

@@ -7,6 +7,7 @@ use crate::env::Env;
 use crate::keys;
 use crate::keyspace;
 use crate::request::Flow;
+use crate::store::SharedStore;
 
 /// The cooldowns of a configuration's (pool, account)s, kept in the shared store.
 #[derive(Clone, Copy)]
@@ -27,6 +28,32 @@ impl<'a> Cooldowns<'a> {
     pub fn record(&self, flow: &Flow, env: &Env) -> Option<CooldownRecord> {
         let (bytes, _) = env.store.get(&self.key(flow)).ok().flatten()?;
         CooldownRecord::decode(&bytes)
+    }
+
+    /// Until when the provider keeps `pool`'s `account` from more traffic, read-only: cooling,
+    /// or paced with no release open (None: it has room, or nothing is recorded).
+    pub fn busy_until(
+        &self,
+        pool: usize,
+        account: u64,
+        store: &dyn SharedStore,
+        now: u64,
+    ) -> Option<u64> {
+        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
+        let (bytes, _) = store.get(&key).ok().flatten()?;
+        match cooldown::pass(CooldownRecord::decode(&bytes)?, now, true).0 {
+            Gate::Cooling { remaining_ms, .. } => Some(now + remaining_ms),
+            Gate::Paced { retry_in_ms } => Some(now + retry_in_ms),
+            Gate::Open | Gate::Released => None,
+        }
+    }
+
+    /// The longest provider time of the episode `pool`'s `account` is in (0: none recorded).
+    pub fn spread_ms(&self, pool: usize, account: u64, store: &dyn SharedStore) -> u64 {
+        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
+        let rec = store.get(&key).ok().flatten();
+        rec.and_then(|(b, _)| CooldownRecord::decode(&b))
+            .map_or(0, |r| u64::from(r.spread_ms))
     }
 
     /// The cooldown gate: read the record (one copy, the common case writes nothing) and take

@@ -170,7 +170,8 @@ impl Holds {
                     known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
-                let fleet_refused = matches!(head.blocked, Blocked::Fleet { .. });
+                let fleet_refused =
+                    matches!(head.blocked, Blocked::Fleet { .. } | Blocked::Turn { .. });
                 match admission.admit(&mut head.flow, env) {
                     Ok(()) => {
                         if let Some(h) = queue.pop_front() {
@@ -246,6 +247,14 @@ impl Holds {
                     .chain(q.iter().map(|h| h.flow.hold.until_ms()))
             })
             .min()
+    }
+
+    /// Whether a request governed as `pool`'s `account` is held here.
+    pub fn queued_for(&self, pool: usize, account: u64) -> bool {
+        self.queues
+            .values()
+            .flatten()
+            .any(|h| h.flow.pool == pool && h.flow.account == account)
     }
 
     /// The client went away (or the stream was reset) while held: forget it.

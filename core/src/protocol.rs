@@ -155,7 +155,7 @@ pub fn send_owed<H: Host>(host: &H) {
             Some(token) => host.with_worker(None, |w, _| w.calls().sent(None, token, call.seq)),
             None => {
                 log_not_sent();
-                host.with_worker(None, |w, lent| w.calls().not_sent(call.seq, lent.metrics))
+                host.with_worker(None, |w, lent| w.call_not_sent(call.seq, lent))
             }
         };
     }

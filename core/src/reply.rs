@@ -309,6 +309,14 @@ impl<'a> Replies<'a> {
                 Class::RateLimited,
                 retry_after::told(retry_in_ms, retry_in_ms, ra, env.rng),
             ),
+            // Another Envoy sends for this account now: its turn lasts about a turn's length.
+            Blocked::Turn { .. } => {
+                let turn = crate::fleet::turn::TURN_MS;
+                LocalAnswer::cooldown(
+                    Class::RateLimited,
+                    retry_after::told(turn, turn, ra, env.rng),
+                )
+            }
             Blocked::Fleet { limit, wait_ms } => self.limit_answer(limit, wait_ms, 0),
             Blocked::Bucket {
                 limit,

@@ -256,7 +256,15 @@ impl<'a> Responses<'a> {
                 let rounds = self.cooldowns.failed_rounds(flow, env);
                 let stretch = self.cooldowns.stretch(rounds);
                 match provider_ms {
-                    Some(ms) => {
+                    Some(stated) => {
+                        // After a round whose probe met another "not now", the stated time has
+                        // proved too short: where the provider's own reset of the exhausted
+                        // dimension says later (a `retry-after: 1` through an outage whose
+                        // window headers tell its true rest), the later time is believed.
+                        let ms = match rounds {
+                            0 | 1 => stated,
+                            _ => retry_after::believed_ms(stated, snap),
+                        };
                         let cool = retry_after::sub_second_wait(headers, snap).unwrap_or(ms);
                         Told {
                             delay_ms: retry_after::told(

@@ -115,6 +115,15 @@ pub fn sub_second_wait(h: &Headers, snap: &Snapshot) -> Option<u64> {
         .filter(|ms| (1..1000).contains(ms))
 }
 
+/// The later of a provider's stated delay and its own reset of the exhausted dimension (a
+/// `retry-after: 1` in an outage whose window headers tell the true rest of it). Providers
+/// document the reset as the moment the limit is whole again, which is usually later than the
+/// next admission: the stated delay is believed first, this one once it has proved too short.
+pub fn believed_ms(stated_ms: u64, snap: &Snapshot) -> u64 {
+    snap.exhausted_reset_ms()
+        .map_or(stated_ms, |reset| reset.max(stated_ms))
+}
+
 /// The dimension that ran out, for the `exhausted_*` counters.
 pub fn exhausted_dimension(snap: &Snapshot, body: &[u8]) -> Option<Dimension> {
     snap.exhausted()

@@ -16,7 +16,7 @@
 //! A stream that is in no state (not in the table) is done: answered locally, ended, or
 //! never governed.
 
-use crate::effects::Direction;
+use crate::effects::{Action, Direction, Effect, Reaction};
 use crate::fleet::ask::FleetAsk;
 use crate::headers::WireHeaders;
 use crate::metrics::{Counter, Metrics};
@@ -74,6 +74,14 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
+    pub(crate) fn fleet(flow: Flow, body_ended: bool, ask: FleetAsk) -> Stream {
+        Stream::AwaitingFleet {
+            flow,
+            body_ended,
+            ask,
+        }
+    }
+
     /// When its wait is overdue, for the states that wait on time.
     fn until_ms(&self) -> Option<u64> {
         match self {
@@ -117,6 +125,48 @@ pub(crate) struct BodyRead {
     pub(crate) content_length: usize,
     pub(crate) until_ms: u64,
     pub(crate) seen: bool,
+}
+
+impl BodyRead {
+    pub(crate) fn new(flow: Flow, content_length: usize, until_ms: u64) -> BodyRead {
+        BodyRead {
+            flow,
+            content_length,
+            until_ms,
+            seen: false,
+        }
+    }
+
+    /// How much of the body to read (`size` buffered in all, when a body callback said).
+    pub(crate) fn bound(size: Option<usize>) -> usize {
+        size.unwrap_or(crate::estimate::MAX_BODY)
+            .min(crate::estimate::MAX_BODY)
+    }
+
+    /// The flow, estimated from the `prefix` of its body Envoy buffered.
+    pub(crate) fn estimated(
+        self,
+        pools: crate::pools::Pools,
+        prefix: &[u8],
+        size: Option<usize>,
+    ) -> Flow {
+        let total = size.unwrap_or(prefix.len()).max(self.content_length);
+        let mut flow = self.flow;
+        pools.on_request_body(&mut flow, prefix, total);
+        flow
+    }
+}
+
+/// An awaited error body: what Envoy buffers, or what body callbacks delivered when that is
+/// more, at most `MAX_ERROR_BODY`.
+pub(crate) fn error_body(buffered: Vec<u8>, arrived: Vec<u8>) -> Vec<u8> {
+    let mut body = if buffered.len() < arrived.len() {
+        arrived
+    } else {
+        buffered
+    };
+    body.truncate(MAX_ERROR_BODY);
+    body
 }
 
 /// Whether Envoy delivers body callbacks after a paused headers callback (it does not without
@@ -265,6 +315,43 @@ impl Streams {
             };
             self.set(id, wait);
         }
+    }
+
+    /// Answer stream `id` locally: at once (`now`: its request body has ended, or body callbacks
+    /// do not come), else once its body has ended (`ReplyPending` until `until_ms`), dropping
+    /// the `buffered` bytes Envoy holds for it so far.
+    pub(crate) fn answer(
+        &mut self,
+        id: u32,
+        reply: LocalReply,
+        now: bool,
+        buffered: usize,
+        until_ms: impl FnOnce() -> u64,
+    ) -> Reaction {
+        let mut effects = vec![Effect::AccessLog(crate::reply::access_log(&reply.headers))];
+        if now {
+            effects.push(Effect::SendReply(reply));
+        } else {
+            if buffered > 0 {
+                effects.push(Effect::DropRequestBody(buffered));
+            }
+            let until_ms = until_ms();
+            self.set(id, Stream::ReplyPending { reply, until_ms });
+        }
+        Reaction::new(effects, Action::Pause)
+    }
+
+    /// Some of the request body of a stream whose local answer waits for it (`size` buffered,
+    /// or its end): the answer once it has ended, meanwhile what arrives dropped.
+    pub(crate) fn pending_body(&mut self, id: u32, size: Option<usize>, ended: bool) -> Reaction {
+        if ended {
+            return match self.take_pending(id) {
+                Some(reply) => Reaction::new(vec![Effect::SendReply(reply)], Action::Pause),
+                None => Reaction::go_on(),
+            };
+        }
+        let drop = size.filter(|n| *n > 0).map(Effect::DropRequestBody);
+        Reaction::new(drop.into_iter().collect(), Action::Pause)
     }
 
     /// Move the deadline of a `ReadingBody` stream (some of its body came).

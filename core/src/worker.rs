@@ -12,9 +12,11 @@ use crate::deadline;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
-use crate::fleet::ask::{FleetAsk, Progress, Verdict};
-use crate::fleet::calls::Calls;
+use crate::fleet::ask::{Admitted, FleetAsk, Progress, Verdict};
+use crate::fleet::calls::{Calls, Done};
 use crate::fleet::grpc::{ServiceReply, NOT_SENT};
+use crate::fleet::handoff;
+use crate::fleet::turn::{self, Turns};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -24,7 +26,8 @@ use crate::reply;
 use crate::request::{Flow, RequestView, STEERING_HEADER};
 use crate::response::ResponseStep;
 use crate::retry_after::{Random, Xorshift};
-use crate::stream::{BodyCapability, BodyRead, Stream, Streams};
+use crate::store::SharedStore;
+use crate::stream::{self, BodyCapability, BodyRead, Stream, Streams};
 pub use crate::stream::{
     Stage, BODY_WAIT_MS, HEADERS_ONLY_FOR_MS, MAX_ERROR_BODY, REQUEST_BODY_WAIT_MS,
 };
@@ -42,6 +45,8 @@ pub struct Worker {
     rng: Box<dyn Random + Send>,
     gauges: GaugeCache,
     calls: Calls,
+    /// The (pool, account)s whose turn this worker holds (`fleet::turn`).
+    turns: Turns,
 }
 
 /// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the
@@ -80,12 +85,20 @@ struct At {
 }
 
 impl At {
-    /// A paused request, outside its own callback.
-    fn paused(body_ended: bool) -> At {
+    /// In its arrival callback.
+    fn arrived(body_ended: bool) -> At {
         At {
             body_ended,
             buffered: 0,
+            from_tick: false,
+        }
+    }
+
+    /// Outside its own callbacks.
+    fn paused(body_ended: bool) -> At {
+        At {
             from_tick: true,
+            ..At::arrived(body_ended)
         }
     }
 }
@@ -107,6 +120,7 @@ impl Worker {
             rng,
             gauges: GaugeCache::default(),
             calls: Calls::default(),
+            turns: Turns::default(),
         }
     }
 
@@ -173,8 +187,21 @@ impl Worker {
         reply: ServiceReply,
         lent: &mut Lent,
     ) -> Option<(u32, Reaction)> {
-        let (id, seq) = self.calls.done(stream, token, reply, lent.metrics)?;
-        Some((id, self.fleet_step(id, Some((seq, reply)), lent)))
+        match self.calls.done(stream, token, reply, lent.metrics)? {
+            Done::Stream { id, seq } => Some((id, self.fleet_step(id, Some((seq, reply)), lent))),
+            done => {
+                let (turns, calls) = (&mut self.turns, &mut self.calls);
+                handoff::answered(done, reply, turns, calls, &self.gov, (lent.clock)());
+                None
+            }
+        }
+    }
+
+    /// The host could not send the owed call `seq`: a failed call.
+    pub fn call_not_sent(&mut self, seq: u32, lent: &mut Lent) {
+        if let Some(Done::Turn(key)) = self.calls.not_sent(seq, lent.metrics) {
+            self.turns.renewed(key, None);
+        }
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -199,21 +226,12 @@ impl Worker {
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             flow.hold.fix(|| clock.now()); // the stream leaves its arrival callback
-            let read = BodyRead {
-                flow,
-                content_length: view.headers.content_length(),
-                until_ms: clock.now() + BODY_WAIT_MS,
-                seen: false,
-            };
+            let (length, until_ms) = (view.headers.content_length(), clock.now() + BODY_WAIT_MS);
+            let read = BodyRead::new(flow, length, until_ms);
             self.streams.set(id, Stream::ReadingBody(read));
             return Reaction::new(effects, Action::Pause);
         }
-        let at = At {
-            body_ended: end_of_stream,
-            buffered: 0,
-            from_tick: false,
-        };
-        let mut r = self.admit(id, flow, at, clock, lent);
+        let mut r = self.admit(id, flow, At::arrived(end_of_stream), clock, lent);
         effects.append(&mut r.effects);
         r.effects = effects;
         r
@@ -258,11 +276,7 @@ impl Worker {
                 }
                 self.admit_read(id, size, ended, lent)
             }
-            Some(Stream::ReplyPending { .. }) if ended => self.send_pending(id),
-            Some(Stream::ReplyPending { .. }) => {
-                let drop = size.filter(|n| *n > 0).map(Effect::DropRequestBody);
-                Reaction::new(drop.into_iter().collect(), Action::Pause)
-            }
+            Some(Stream::ReplyPending { .. }) => self.streams.pending_body(id, size, ended),
             Some(paused) => match paused.body_ended() {
                 // Held or waiting for the fleet: Envoy buffers the body until the request is
                 // let go; continuing here would release the held headers too.
@@ -336,7 +350,7 @@ impl Worker {
             Some(Stream::Upstream {
                 usage: Some(scanner),
                 ..
-            }) => {
+            }) if body_size > 0 => {
                 scanner.feed(&lent.io.response_body(id, body_size));
                 Reaction::go_on()
             }
@@ -359,12 +373,9 @@ impl Worker {
         }
     }
 
-    /// The response trailers arrived.
+    /// The response trailers arrived: its body has ended.
     pub fn on_response_trailers(&mut self, id: u32, lent: &mut Lent) -> Reaction {
-        match self.streams.get(id) {
-            Some(Stream::AwaitingErrorBody { .. }) => self.classify_awaited(id, false, lent),
-            _ => Reaction::go_on(),
-        }
+        self.on_response_body(id, 0, true, lent)
     }
 
     /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
@@ -442,7 +453,7 @@ impl Worker {
                     r.action = Action::Pause;
                     r
                 }
-                Some(Stream::ReplyPending { .. }) => self.send_pending(id),
+                Some(Stream::ReplyPending { .. }) => self.streams.pending_body(id, None, true),
                 // The service never answered within its timeout: the calls still out failed.
                 Some(Stream::AwaitingFleet { .. }) => self.fleet_step(id, None, lent),
                 Some(Stream::ReadingBody(read)) => {
@@ -456,6 +467,11 @@ impl Worker {
             };
             out.push((id, reaction));
         }
+        if !self.turns.is_empty() {
+            // Give back the turns no longer needed; take again those a cooldown outlasts.
+            let (turns, calls) = (&mut self.turns, &mut self.calls);
+            handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
+        }
         if !self.holds.is_empty() {
             let left = {
                 borrow_env!(self, lent, Clock::At(now) => g, holds, env);
@@ -463,7 +479,10 @@ impl Worker {
             };
             for (id, outcome) in left {
                 let at = At::paused(self.streams.take_held(id));
-                out.push((id, self.carry_out(id, outcome, at, &Clock::At(now))));
+                out.push((
+                    id,
+                    self.carry_out(id, outcome, at, &Clock::At(now), lent.store),
+                ));
             }
         }
         out
@@ -479,52 +498,45 @@ impl Worker {
             (outcome, env.clock.known())
         };
         let clock = clock.map_or(Clock::lazy(lent.clock), Clock::At);
-        self.carry_out(id, outcome, at, &clock)
+        self.carry_out(id, outcome, at, &clock, lent.store)
     }
 
     /// Do what the hold decided: admitted here, it goes (by way of the fleet's limits when it
     /// has any); held, it stays paused; refused, it is answered (once its body has ended, so
     /// an HTTP/1.1 connection survives the answer).
-    fn carry_out(&mut self, id: u32, outcome: Outcome, at: At, clock: &Clock) -> Reaction {
+    fn carry_out(
+        &mut self,
+        id: u32,
+        outcome: Outcome,
+        at: At,
+        clock: &Clock,
+        store: &dyn SharedStore,
+    ) -> Reaction {
         match outcome {
-            Outcome::Go(mut flow) => match self.gov.fleet() {
-                None => self.let_go(id, flow, at.from_tick),
-                Some(fleet) => {
-                    // Admitted here: ask the fleet's service for its limits, and wait (the
-                    // stream may be leaving its arrival callback: its hold deadline is fixed).
-                    flow.hold.fix(|| clock.now());
-                    let first_seq = self.calls.reserve(FleetAsk::calls_of(fleet));
-                    let (ask, calls) =
-                        FleetAsk::start(fleet, &self.gov.cfg, &flow, first_seq, clock.now());
-                    let body_ended = at.body_ended;
-                    let waiting = Stream::AwaitingFleet {
-                        flow,
-                        body_ended,
-                        ask,
-                    };
-                    self.streams.set(id, waiting);
-                    let effects = calls.into_iter().map(Effect::CallService).collect();
-                    Reaction::new(effects, Action::Pause)
-                }
-            },
+            Outcome::Go(mut flow) => {
+                let (gov, calls, turns) = (&self.gov, &mut self.calls, &self.turns);
+                let (pool, account, store) = (flow.pool, flow.account, store);
+                let turn_ms = || turn::turn_ms(gov.cooldowns().spread_ms(pool, account, store));
+                let asked = gov.fleet().and_then(|fleet| {
+                    FleetAsk::begin(fleet, &gov.cfg, calls, turns, &mut flow, clock, turn_ms)
+                });
+                let Some((ask, calls)) = asked else {
+                    return self.let_go(id, flow, at.from_tick);
+                };
+                self.streams
+                    .set(id, Stream::fleet(flow, at.body_ended, ask));
+                let effects = calls.into_iter().map(Effect::CallService).collect();
+                Reaction::new(effects, Action::Pause)
+            }
             Outcome::Held => {
                 let body_ended = at.body_ended;
                 self.streams.set(id, Stream::Held { body_ended });
                 Reaction::pause()
             }
             Outcome::Reply(_, reply) => {
-                let mut effects = vec![Effect::AccessLog(reply::access_log(&reply.headers))];
-                if at.body_ended || !self.body.expected(|| clock.now()) {
-                    effects.push(Effect::SendReply(reply));
-                } else {
-                    if at.buffered > 0 {
-                        effects.push(Effect::DropRequestBody(at.buffered));
-                    }
-                    let until_ms = clock.now() + REQUEST_BODY_WAIT_MS;
-                    self.streams
-                        .set(id, Stream::ReplyPending { reply, until_ms });
-                }
-                Reaction::new(effects, Action::Pause)
+                let now = at.body_ended || !self.body.expected(|| clock.now());
+                let until = || clock.now() + REQUEST_BODY_WAIT_MS;
+                self.streams.answer(id, reply, now, at.buffered, until)
             }
         }
     }
@@ -556,13 +568,11 @@ impl Worker {
         };
         let progress = {
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
-            match (g.fleet(), answer) {
-                (Some(fleet), Some((seq, reply))) => {
-                    ask.answer(fleet, &g.cfg, seq, reply, &mut env)
-                }
-                (Some(fleet), None) => Progress::Done(ask.overdue(fleet, &g.cfg, &mut env)),
-                (None, _) => Progress::Done(Verdict::Admit(Vec::new())),
-            }
+            g.fleet()
+                .map(|fleet| ask.step(fleet, &g.cfg, answer, &mut env))
+        };
+        let Some(progress) = progress else {
+            return self.let_go(id, flow, true); // no fleet: nothing was ever asked
         };
         let effects = match progress {
             Progress::Done(verdict) => {
@@ -571,12 +581,7 @@ impl Worker {
             Progress::Waiting => Vec::new(),
             Progress::Send(calls) => calls.into_iter().map(Effect::CallService).collect(),
         };
-        let waiting = Stream::AwaitingFleet {
-            flow,
-            body_ended,
-            ask,
-        };
-        self.streams.set(id, waiting);
+        self.streams.set(id, Stream::fleet(flow, body_ended, ask));
         Reaction::new(effects, Action::Pause)
     }
 
@@ -596,9 +601,17 @@ impl Worker {
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
             let limits = g.limits();
             let refusal = match verdict.settle(|l| limits.take_fallback(&mut flow, l, &mut env)) {
-                Ok(charges) => {
+                Ok(Admitted {
+                    charges,
+                    turn,
+                    turn_ms,
+                }) => {
                     if !charges.is_empty() {
                         flow.fleet_mut().charges = charges;
+                    }
+                    if let Some(t) = turn {
+                        self.turns
+                            .took_for(&flow, t.reservation, turn_ms, env.now());
                     }
                     return self.let_go(id, flow, true);
                 }
@@ -617,7 +630,8 @@ impl Worker {
             };
             (outcome, env.now())
         };
-        self.carry_out(id, outcome, At::paused(body_ended), &Clock::At(now))
+        let at = At::paused(body_ended);
+        self.carry_out(id, outcome, at, &Clock::At(now), lent.store)
     }
 
     /// Admit a request whose body was read: estimate it from the first `estimate::MAX_BODY`
@@ -633,27 +647,14 @@ impl Worker {
         let Some(Stream::ReadingBody(read)) = self.streams.take(id) else {
             return Reaction::go_on();
         };
-        let bound = body_size
-            .unwrap_or(estimate::MAX_BODY)
-            .min(estimate::MAX_BODY);
-        let prefix = lent.io.request_body(id, bound);
-        let total = body_size.unwrap_or(prefix.len()).max(read.content_length);
-        let mut flow = read.flow;
-        self.gov.pools().on_request_body(&mut flow, &prefix, total);
+        let prefix = lent.io.request_body(id, BodyRead::bound(body_size));
+        let flow = read.estimated(self.gov.pools(), &prefix, body_size);
         let at = At {
             body_ended,
             buffered: body_size.unwrap_or(0),
             from_tick: body_size.is_none() && !body_ended,
         };
         self.admit(id, flow, at, Clock::lazy(lent.clock), lent)
-    }
-
-    /// The request body ended (or its wait is over): send the answer that waited for it.
-    fn send_pending(&mut self, id: u32) -> Reaction {
-        match self.streams.take_pending(id) {
-            Some(reply) => Reaction::new(vec![Effect::SendReply(reply)], Action::Pause),
-            None => Reaction::go_on(),
-        }
     }
 
     /// Classify an awaited error response from its buffered body (overdue: whatever arrived)
@@ -669,11 +670,7 @@ impl Worker {
         else {
             return Reaction::go_on();
         };
-        let mut body = lent.io.response_body(id, MAX_ERROR_BODY);
-        if body.len() < arrived.len() {
-            body = arrived;
-        }
-        body.truncate(MAX_ERROR_BODY);
+        let body = stream::error_body(lent.io.response_body(id, MAX_ERROR_BODY), arrived);
         let clock = Clock::lazy(lent.clock);
         if overdue && body.is_empty() && !self.body.proven {
             self.body.missed(flow.pool, clock.now(), lent.metrics);

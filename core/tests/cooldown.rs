@@ -366,6 +366,34 @@ fn a_one_second_hint_cools_only_until_the_providers_exact_reset() {
 }
 
 #[test]
+fn once_a_round_failed_the_later_of_the_stated_time_and_the_exhausted_reset_is_believed() {
+    // An outage whose 429s all say `retry-after: 1` while the window's reset tells its rest.
+    let mut host = Host::new(CFG);
+    let outage = |rest: &'static str| {
+        [
+            ("retry-after", "1"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", rest),
+        ]
+    };
+    // The first round believes the stated second: providers' resets are when the limit is
+    // whole again, usually later than the next admission.
+    let f = host.forward(PATH, &[A]);
+    let g = host.respond(&f, 429, &outage("2.5s"), RL);
+    assert_eq!(g.map(|g| g.delay_ms), Some(1000));
+    host.advance(1_000 + GRAIN);
+    // Its probe meets another 429: the second second was too short too, and the reset is
+    // believed, for the cooldown and for what the client is told.
+    let probe = host.forward(PATH, &[A]);
+    let g = host.respond(&probe, 429, &outage("1.5s"), RL);
+    assert_eq!(g.map(|g| g.delay_ms), Some(1500));
+    host.advance(1_499);
+    local(&mut host, PATH, &[A]);
+    host.advance(1 + GRAIN);
+    host.forward(PATH, &[A]);
+}
+
+#[test]
 fn a_provider_time_after_a_short_preemptive_cooldown_is_never_banded_away() {
     // Two requests in flight at the end of a cooldown: without the pace (hold off).
     let mut host = Host::new(CFG_NO_HOLD);

@@ -7,10 +7,11 @@
 mod common;
 
 use common::*;
+use llm_governor_core::blocked::Blocked;
 use llm_governor_core::effects::TICK_MS;
-use llm_governor_core::fleet::ask::{FleetAsk, Progress, Verdict};
+use llm_governor_core::fleet::ask::{Admitted, FleetAsk, Progress, Refusal, Verdict};
 use llm_governor_core::fleet::grpc::{Method, ServiceReply, NOT_SENT};
-use llm_governor_core::fleet::limits::Grant;
+use llm_governor_core::fleet::limits::{Grant, Of};
 use llm_governor_core::headers::owned;
 use llm_governor_core::metrics::Counter;
 use llm_governor_core::policy::Clock;
@@ -57,6 +58,12 @@ enum Says {
 /// Ask for a request of tenant `acme` under `cfg`, the service answering each call in order as
 /// `says` does; the methods of each stage's calls and the verdict.
 fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
+    run_asking(cfg, false, says)
+}
+
+/// `run`, the request also asking its (pool, account)'s turn (`turn`: the pace of a cooldown
+/// released it).
+fn run_asking(cfg: &str, turn: bool, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
     let mut host = Host::new(cfg);
     let hs = owned(&[("x-tenant-id", "acme")]);
     let gov = host.worker.governor();
@@ -65,7 +72,8 @@ fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
     gov.pools()
         .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
     let cfg = gov.cfg.clone();
-    let (mut ask, first) = FleetAsk::start(&fleet, &cfg, &flow, 100, T0);
+    let (mut ask, first) =
+        FleetAsk::start(&fleet, &cfg, &flow, turn.then_some(1000), 100, T0).expect("asks");
     let mut stages = vec![first.iter().map(|c| c.method).collect::<Vec<_>>()];
     let mut pending: Vec<_> = first;
     let mut says = says.iter();
@@ -113,35 +121,83 @@ fn charge(reservation: Option<&str>) -> FleetCharge {
     FleetCharge {
         limit: 0,
         key: "acme".into(),
-        amount: 0, // compared without the amount: see `charges`
+        amount: 0, // compared without the amount: see `shape`
         reservation: reservation.map(str::to_string),
         settled: None,
     }
 }
 
-/// A verdict with its charges' amounts zeroed (the estimate's size is not what a row tests).
+/// A verdict as a row compares it: charges without their amounts (the estimate's size is not
+/// what a row tests), a turn's random re-ask without its value.
 fn shape(v: Verdict) -> Verdict {
+    let granted = |a: Admitted| Admitted {
+        charges: a
+            .charges
+            .into_iter()
+            .map(|c| FleetCharge { amount: 0, ..c })
+            .collect(),
+        ..a
+    };
     match v {
-        Verdict::Admit(cs) => Verdict::Admit(
-            cs.into_iter()
-                .map(|c| FleetCharge { amount: 0, ..c })
-                .collect(),
-        ),
-        Verdict::Fallback { limits, charges } => Verdict::Fallback {
+        Verdict::Admit(a) => Verdict::Admit(granted(a)),
+        Verdict::Fallback { limits, granted: a } => Verdict::Fallback {
             limits,
-            charges: charges
-                .into_iter()
-                .map(|c| FleetCharge { amount: 0, ..c })
-                .collect(),
+            granted: granted(a),
         },
+        Verdict::Refused(Refusal {
+            blocked: Blocked::Turn { .. },
+            denied,
+            release,
+        }) => Verdict::Refused(Refusal {
+            blocked: Blocked::Turn { retry_in_ms: 0 },
+            denied,
+            release,
+        }),
         v => v,
     }
 }
 
+fn admit(charges: Vec<FleetCharge>) -> Verdict {
+    Verdict::Admit(Admitted {
+        charges,
+        ..Admitted::default()
+    })
+}
+
+fn fallback(limits: Vec<usize>, charges: Vec<FleetCharge>) -> Verdict {
+    Verdict::Fallback {
+        limits,
+        granted: Admitted {
+            charges,
+            ..Admitted::default()
+        },
+    }
+}
+
+fn refused(blocked: Blocked, denied: bool, release: Vec<Grant>) -> Verdict {
+    Verdict::Refused(Refusal {
+        blocked,
+        denied,
+        release,
+    })
+}
+
+fn over(limit: usize, wait_ms: u64) -> Blocked {
+    Blocked::Fleet { limit, wait_ms }
+}
+
 fn release(id: &str) -> Grant {
     Grant {
-        limit: 0,
+        of: Of::Limit(0),
         key: "acme".into(),
+        reservation: id.into(),
+    }
+}
+
+fn turn(id: &str) -> Grant {
+    Grant {
+        of: Of::Turn,
+        key: "default/0000000000000000".into(),
         reservation: id.into(),
     }
 }
@@ -150,57 +206,51 @@ use Method::{Reserve, ShouldRateLimit as Srl};
 
 #[test]
 fn every_combination_of_answers_and_on_error_has_one_verdict() {
-    let refused = |limit, wait_ms, denied, release: Vec<Grant>| Verdict::Refused {
-        limit,
-        wait_ms,
-        denied,
-        release,
-    };
     // (what the row proves, the configuration, the answers, each stage's calls, the verdict)
     type Row = (&'static str, String, Vec<Says>, Vec<Vec<Method>>, Verdict);
     #[rustfmt::skip]
     let rows: Vec<Row> = vec![
         ("one limit admits",
-         rpm_only("local"), vec![Says::Ok], vec![vec![Srl]], Verdict::Admit(vec![])),
+         rpm_only("local"), vec![Says::Ok], vec![vec![Srl]], admit(vec![])),
         ("one limit refuses: its reset is the wait",
-         rpm_only("local"), vec![Says::Over(Some(3))], vec![vec![Srl]], refused(0, 3000, false, vec![])),
+         rpm_only("local"), vec![Says::Over(Some(3))], vec![vec![Srl]], refused(over(0, 3000), false, vec![])),
         ("a refusal with no reset waits the default",
-         rpm_only("local"), vec![Says::Over(None)], vec![vec![Srl]], refused(0, 1000, false, vec![])),
+         rpm_only("local"), vec![Says::Over(None)], vec![vec![Srl]], refused(over(0, 1000), false, vec![])),
         ("a failed call under local: this Envoy's bucket decides",
-         rpm_only("local"), vec![Says::Fails(14)], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+         rpm_only("local"), vec![Says::Fails(14)], vec![vec![Srl]], fallback(vec![0], vec![])),
         ("a failed call under allow: it goes",
-         rpm_only("allow"), vec![Says::Fails(14)], vec![vec![Srl]], Verdict::Admit(vec![])),
+         rpm_only("allow"), vec![Says::Fails(14)], vec![vec![Srl]], admit(vec![])),
         ("a failed call under deny: refused at once, the default wait",
-         rpm_only("deny"), vec![Says::Fails(14)], vec![vec![Srl]], refused(0, 1000, true, vec![])),
+         rpm_only("deny"), vec![Says::Fails(14)], vec![vec![Srl]], refused(over(0, 1000), true, vec![])),
         ("an unreadable answer is a failed call",
-         rpm_only("deny"), vec![Says::Garbage], vec![vec![Srl]], refused(0, 1000, true, vec![])),
+         rpm_only("deny"), vec![Says::Garbage], vec![vec![Srl]], refused(over(0, 1000), true, vec![])),
         ("a call that could not be sent is a failed call",
-         rpm_only("local"), vec![Says::Fails(NOT_SENT)], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+         rpm_only("local"), vec![Says::Fails(NOT_SENT)], vec![vec![Srl]], fallback(vec![0], vec![])),
         ("no answer before the deadline is a failed call",
-         rpm_only("local"), vec![Says::Silent], vec![vec![Srl]], Verdict::Fallback { limits: vec![0], charges: vec![] }),
+         rpm_only("local"), vec![Says::Silent], vec![vec![Srl]], fallback(vec![0], vec![])),
         ("the reservation first, then the rest: both admit",
          config("local"), vec![Says::Reserved("r-1"), Says::Ok], vec![vec![Reserve], vec![Srl]],
-         Verdict::Admit(vec![charge(Some("r-1"))])),
+         admit(vec![charge(Some("r-1"))])),
         ("a refused reservation: the rest are never asked",
-         config("local"), vec![Says::Over(None)], vec![vec![Reserve]], refused(0, 1000, false, vec![])),
+         config("local"), vec![Says::Over(None)], vec![vec![Reserve]], refused(over(0, 1000), false, vec![])),
         ("the request limit refuses: the reservation is released",
          config("local"), vec![Says::Reserved("r-1"), Says::Over(Some(2))], vec![vec![Reserve], vec![Srl]],
-         refused(1, 2000, false, vec![release("r-1")])),
+         refused(over(1, 2000), false, vec![release("r-1")])),
         ("a failed reservation under local: the rest are asked, the fallback decides the budget",
          config("local"), vec![Says::Fails(14), Says::Ok], vec![vec![Reserve], vec![Srl]],
-         Verdict::Fallback { limits: vec![0], charges: vec![] }),
+         fallback(vec![0], vec![])),
         ("a failed request call under deny: the reservation is released",
          config("deny"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
-         refused(1, 1000, true, vec![release("r-1")])),
+         refused(over(1, 1000), true, vec![release("r-1")])),
         ("a failed request call under allow: it goes, charged its reservation",
          config("allow"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
-         Verdict::Admit(vec![charge(Some("r-1"))])),
+         admit(vec![charge(Some("r-1"))])),
         ("a failed request call under local: the fallback decides it, the reservation stands",
          config("local"), vec![Says::Reserved("r-1"), Says::Fails(4)], vec![vec![Reserve], vec![Srl]],
-         Verdict::Fallback { limits: vec![1], charges: vec![charge(Some("r-1"))] }),
+         fallback(vec![1], vec![charge(Some("r-1"))])),
         ("an OK without a reservation id charges with none",
          config("local"), vec![Says::Reserved(""), Says::Ok], vec![vec![Reserve], vec![Srl]],
-         Verdict::Admit(vec![charge(None)])),
+         admit(vec![charge(None)])),
     ];
     for (name, cfg, says, want_stages, want) in rows {
         let (stages, verdict, _) = run(&cfg, &says);
@@ -209,11 +259,65 @@ fn every_combination_of_answers_and_on_error_has_one_verdict() {
     }
 }
 
+/// A row: its name, the config, what the service says, the calls of each stage, the verdict.
+type Row = (&'static str, String, Vec<Says>, Vec<Vec<Method>>, Verdict);
+
+#[test]
+fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_it() {
+    let cooled = |on_error: &str| {
+        rpm_only(on_error).replace(
+            "\"timeout_ms\": 50,",
+            "\"timeout_ms\": 50, \"cooldowns\": true,",
+        )
+    };
+    #[rustfmt::skip]
+    let rows: Vec<Row> = vec![
+        ("the turn is granted: it goes, and the worker keeps the turn",
+         cooled("local"), vec![Says::Reserved("t-1"), Says::Ok], vec![vec![Reserve], vec![Srl]],
+         Verdict::Admit(Admitted { charges: vec![], turn: Some(turn("t-1")), turn_ms: 1000 })),
+        ("another worker has the turn: it waits for it, the rest is never asked",
+         cooled("local"), vec![Says::Over(None)], vec![vec![Reserve]],
+         refused(Blocked::Turn { retry_in_ms: 0 }, false, vec![])),
+        ("a limit refuses a request that has the turn: the turn is released with the rest",
+         cooled("local"), vec![Says::Reserved("t-1"), Says::Over(Some(2))], vec![vec![Reserve], vec![Srl]],
+         refused(over(0, 2000), false, vec![turn("t-1")])),
+        ("the service cannot give the turn: this Envoy's own cooldown decides, as without a fleet",
+         cooled("deny"), vec![Says::Fails(14), Says::Ok], vec![vec![Reserve], vec![Srl]], admit(vec![])),
+        ("a turn granted without a hold (a server that clamps it away): as above",
+         cooled("deny"), vec![Says::Reserved(""), Says::Ok], vec![vec![Reserve], vec![Srl]], admit(vec![])),
+    ];
+    for (name, cfg, says, want_stages, want) in rows {
+        let (stages, verdict, _) = run_asking(&cfg, true, &says);
+        assert_eq!(stages, want_stages, "{name}: the calls of each stage");
+        assert_eq!(shape(verdict), want, "{name}");
+    }
+    // Shared cooldowns alone (no fleet limit): only the turn is asked.
+    let alone = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "cooldowns": true}}"#;
+    let (stages, verdict, _) = run_asking(alone, true, &[Says::Reserved("t-2")]);
+    assert_eq!(stages, vec![vec![Reserve]]);
+    assert_eq!(
+        verdict,
+        Verdict::Admit(Admitted {
+            charges: vec![],
+            turn_ms: 1000,
+            turn: Some(Grant {
+                of: Of::Turn,
+                key: "default/0000000000000000".into(),
+                reservation: "t-2".into()
+            })
+        })
+    );
+}
+
 #[test]
 fn a_refusal_in_a_windows_last_second_asks_again_within_two_ticks() {
     // Limitador says 0 s in a window's last second: the wait is drawn from [1, 2 ticks).
     let (_, verdict, _) = run(&rpm_only("local"), &[Says::Over(Some(0))]);
-    let Verdict::Refused { wait_ms, .. } = verdict else {
+    let Verdict::Refused(Refusal {
+        blocked: Blocked::Fleet { wait_ms, .. },
+        ..
+    }) = verdict
+    else {
         panic!("refused, got {verdict:?}");
     };
     assert!((1..2 * TICK_MS).contains(&wait_ms), "{wait_ms}");

@@ -186,7 +186,7 @@ class SdkClients:
     # The SDK's max_retries; None leaves its default.
     MAX_RETRIES: Optional[int] = 3
 
-    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+    def __init__(self, storm: Storm, base_url, api_key: str, clock: Clock):
         import openai
 
         self.storm, self.clock = storm, clock
@@ -195,7 +195,7 @@ class SdkClients:
         retries = {} if self.MAX_RETRIES is None else {"max_retries": self.MAX_RETRIES}
         self.clients = [
             openai.AsyncOpenAI(
-                base_url=base_url, api_key=api_key, timeout=30.0, **retries,
+                base_url=url_of(base_url, i), api_key=api_key, timeout=30.0, **retries,
                 http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
             )
             for i in range(storm.clients)
@@ -280,7 +280,7 @@ class LoopClients(SdkClients):
 
     MAX_RETRIES = None
 
-    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+    def __init__(self, storm: Storm, base_url, api_key: str, clock: Clock):
         super().__init__(storm, base_url, api_key, clock)
         self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
 
@@ -377,10 +377,10 @@ class ScheduledClients:
     """Raw clients making at most `max_attempts` attempts inside `budget_ms`, on the published
     fixed schedule ("fixed") or obeying the hint as the SDKs read it ("obey")."""
 
-    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
+    def __init__(self, storm: Storm, base_url, api_key: str, clock: Clock):
         self.storm, self.clock = storm, clock
         self.current: list = [[] for _ in range(storm.clients)]
-        self.raw = [RawClient(base_url, api_key) for _ in range(storm.clients)]
+        self.raw = [RawClient(url_of(base_url, i), api_key) for i in range(storm.clients)]
         # Strategy C draws: client-major order from one generator seeded 107, so a run is reproducible.
         rng = random.Random(storm.seed)
         self.draws = [[rng.randrange(0, 251) for _ in range(storm.max_attempts)] for _ in range(storm.clients)]
@@ -432,7 +432,13 @@ class ScheduledClients:
             await c.close()
 
 
-async def run_clients(storm: Storm, base_url: str, api_key: str, clock: Clock,
+def url_of(base_url, i: int) -> str:
+    """Client i's gateway: one for all (a string), or each client's own (a list: clients pinned
+    to the replicas of a fleet, as behind a balancer with sticky connections)."""
+    return base_url if isinstance(base_url, str) else base_url[i]
+
+
+async def run_clients(storm: Storm, base_url, api_key: str, clock: Clock,
                       on_release: Callable[[], None]) -> list:
     """Releases every client at once (on_release runs just before t = 0) and returns one
     CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"

@@ -101,6 +101,22 @@ CONFIG_NAMES = {
     "x-litellm": "3 LiteLLM proxies, LB 60/30/10, the deployment's rpm 90 / tpm 60,000 shared on one Redis",
 }
 
+# The outage through replicas (issue 31): N Envoys of 2 workers each, every client pinned to one
+# replica (as behind a balancer with sticky connections), evenly or split 60/30/10; with the
+# default configuration, or with a `fleet` section on a Limitador-compatible service on Redis
+# (cooldowns and the pace after them shared by the fleet). (r3-litellm): three LiteLLM proxies
+# on one Redis, pinned the same way.
+REPLICA_SPLITS = {"even": None, "skew": (60, 30, 10)}
+REPLICA_CONFIGS = {}
+for _n in (1, 3, 6):
+    for _split in ("even", "skew") if _n == 3 else ("even",):
+        for _fleet in (False, True):
+            _key = f"r{_n}" + ("-skew" if _split == "skew" else "") + ("-fleet" if _fleet else "")
+            REPLICA_CONFIGS[_key] = (_n, _split, _fleet)
+            _who = "one Envoy" if _n == 1 else f"{_n} Envoys, clients " + ("60/30/10" if _split == "skew" else "spread evenly")
+            CONFIG_NAMES[_key] = f"{_who}, " + ("a fleet section (cooldowns shared)" if _fleet else "defaults")
+CONFIG_NAMES["r3-litellm"] = "3 LiteLLM proxies on one Redis, clients spread evenly"
+
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
 # 60,000 tokens a minute, written as the gateway's limits three ways. Local limits are buckets
 # of a per-minute rate (burst: one window's worth); fleet limits are the service's fixed windows
@@ -167,6 +183,11 @@ class Gateway:
 
     def start(self) -> "Gateway":
         return self
+
+    def client_urls(self, clients: int):
+        """Where each of `clients` clients sends: the one base URL, or (a fleet whose clients are
+        pinned to replicas) a list, one per client."""
+        return self.base_url()
 
     def stop(self) -> None:
         pass
@@ -554,7 +575,137 @@ class LiteLLMAgents(Gateway):
 
 def governed(key: str) -> bool:
     """Whether configuration `key` runs llm-governor (and so has an artifact)."""
-    return key in GOVERNOR_CONFIGS or key in FAILOVER_CONFIGS or key in FLEET_CONFIGS
+    return key in GOVERNOR_CONFIGS or key in FAILOVER_CONFIGS or key in FLEET_CONFIGS or key in REPLICA_CONFIGS
+
+
+def pinned(clients: int, replicas: int, weights=None) -> list:
+    """Which replica each client talks to: evenly (7/7/6), or by `weights` (12/6/2)."""
+    weights = weights or (1,) * replicas
+    total = sum(weights)
+    shares = [clients * w // total for w in weights]
+    for i in range(clients - sum(shares)):
+        shares[i % replicas] += 1
+    return [r for r, n in enumerate(shares) for _ in range(n)]
+
+
+# What the fleet's service holds for shared cooldowns (README "Fleet"): the shipped limits
+# file's entries, as envoy/limitador/limits.yaml writes them.
+def cooldown_limits_file() -> str:
+    path = REPO_ROOT / "envoy" / "limitador" / "limits.yaml"
+    text = path.read_text()
+    start = text.find("# fleet cooldowns")
+    return text[start:] if start >= 0 else ""
+
+
+class ReplicaGateway(Gateway):
+    """(r*): N Envoys (2 workers each) with llm-governor, each client pinned to one; for (r*-fleet)
+    a Redis and two Limitador-compatible services on it, the replicas asking them in turn."""
+
+    def __init__(self, key: str, sim: Simulator, artifact: Optional[str] = None):
+        self.key = key
+        self.artifact = artifact_of(artifact)
+        self.sim = sim
+        self.n, split, self.fleet = REPLICA_CONFIGS[key]
+        self.weights = REPLICA_SPLITS[split]
+        self.config = {"pools": POOLS}
+        if self.fleet:
+            self.config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100}
+        self.redis = None
+        self.services: list = []
+        self.replicas: list = []
+
+    def start(self) -> "ReplicaGateway":
+        from fleet_rig import Redis, RlsService, fleet_envoy
+
+        try:
+            if self.fleet:
+                self.redis = Redis().start()
+                self.services = [RlsService(self.redis, cooldown_limits_file()).start() for _ in range(2)]
+                self.replicas = [fleet_envoy(self.config, self.sim.port, self.services[i % 2].port,
+                                             concurrency=2, artifact=self.artifact).start()
+                                 for i in range(self.n)]
+            else:
+                self.replicas = [Envoy(self.config, upstream_port=self.sim.port, concurrency=2,
+                                       artifact=self.artifact).start() for _ in range(self.n)]
+        except HarnessError as err:
+            self.stop()
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def stop(self) -> None:
+        for e in self.replicas:
+            e.stop(check=False)
+            e.cleanup()
+        for svc in self.services:
+            svc.cleanup()
+        if self.redis is not None:
+            self.redis.cleanup()
+
+    def base_url(self) -> str:
+        return self.replicas[0].url + "/v1"
+
+    def client_urls(self, clients: int):
+        return [self.replicas[r].url + "/v1" for r in pinned(clients, self.n, self.weights)]
+
+    def info(self) -> dict:
+        out: dict = {}
+        prefix = "wasmcustom.llm_governor.pool.openai."
+        for i, e in enumerate(self.replicas):
+            if not e.running:
+                continue
+            stats = e.stats()
+            for k, v in e.governor_stats().items():
+                if k.startswith(prefix) and isinstance(v, int) and not k[len(prefix):].startswith(GAUGES):
+                    out[k[len(prefix):]] = out.get(k[len(prefix):], 0) + v
+            n = stats.get("cluster.provider.upstream_rq_total", 0)
+            out[f"replica{i + 1}.upstream_rq_total"] = n
+            out["upstream_rq_total"] = out.get("upstream_rq_total", 0) + n
+        return out
+
+
+class LiteLLMPinnedGateway(Gateway):
+    """(r3-litellm): three LiteLLM proxies (num_retries 3) on one Redis (cooldowns shared the way
+    LiteLLM's docs say), each client pinned to one."""
+
+    def __init__(self, key: str, sim: Simulator):
+        from fleet_rig import Redis
+
+        self.key = key
+        self.sim = sim
+        self.redis = Redis(port=free_port())
+        master = "sk-storm-master-" + uuid.uuid4().hex
+        router = {"redis_host": "127.0.0.1", "redis_port": self.redis.port}
+        self.proxies = [LiteLLMGateway("d", sim, router_settings=router, master_key=master) for _ in range(3)]
+
+    def client_key(self, fresh: str) -> str:
+        return self.proxies[0].master_key
+
+    def upstream_key(self, client_key: str) -> str:
+        return LiteLLMGateway.UPSTREAM_KEY
+
+    def start(self) -> "LiteLLMPinnedGateway":
+        try:
+            self.redis.start()
+            for proxy in self.proxies:
+                proxy.start()
+        except (HarnessError, GatewayUnavailable) as err:
+            self.stop()
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def stop(self) -> None:
+        for proxy in self.proxies:
+            proxy.stop()
+        self.redis.cleanup()
+
+    def base_url(self) -> str:
+        return self.proxies[0].base_url()
+
+    def client_urls(self, clients: int):
+        return [self.proxies[r].base_url() for r in pinned(clients, 3)]
+
+    def info(self) -> dict:
+        return {"version": litellm_version()}
 
 
 def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None,
@@ -570,6 +721,10 @@ def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optiona
         return LiteLLMFleetGateway(key, sim)
     if key == "d-agents":
         return LiteLLMAgents()
+    if key == "r3-litellm":
+        return LiteLLMPinnedGateway(key, sim)
+    if key in REPLICA_CONFIGS:
+        return ReplicaGateway(key, sim, artifact=artifact)
     if key in FLEET_CONFIGS:
         return FleetGateway(key, sim, artifact=artifact)
     if key in LITELLM_MAX_PARALLEL:

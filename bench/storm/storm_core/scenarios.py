@@ -321,6 +321,27 @@ AGENTS = Storm(
 )
 
 
+# Issue 31's outage, as a user meets it through replicas: 20 SDK clients starting over 1 s
+# (workers coming up, as in the outside run), the provider
+# down for 2.5 s answering `retry-after: 1` while its `x-ratelimit-reset-requests` tells the true
+# rest of the outage, every request counted in its window (rejected ones, the outage's too),
+# then 10 requests per 2 s. One scenario, so the window carries the outage's requests over.
+OUTAGE_CONFIGS = ("r1", "r3", "r3-skew", "r6", "r1-fleet", "r3-fleet", "r3-skew-fleet", "r6-fleet", "r3-litellm")
+OUTAGE = Storm(
+    name="outage",
+    title="outage (issue 31): 20 SDK clients over 1 s pinned to the replicas, 429 for 2.5 s (retry-after: 1, "
+          "reset: the rest), then limit 10 req / 2 s, rejected requests counted",
+    clients=20,
+    start_spread_ms=1000.0,
+    phases=[Phase({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 2500,
+                   "limit": {"requests": 10, "window_ms": 2000}})],
+    recovers_in_phase=0,
+    recovers_after_ms=2500,
+    configs=OUTAGE_CONFIGS,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -348,6 +369,7 @@ SCENARIOS = {
     "tpm": lambda: [TPM],
     "fleet": lambda: [FLEET],
     "fleet-cooldown": lambda: [FLEET_COOLDOWN],
+    "outage": lambda: [OUTAGE],
     "tpm-full": lambda: [TPM_FULL],
     "agents": lambda: [AGENTS],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],

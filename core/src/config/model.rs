@@ -52,6 +52,9 @@ pub struct Fleet {
     /// Token budgets use Limitador's Reserve / Commit (false: charged at admission, topped up
     /// after, never refunded).
     pub reservations: bool,
+    /// Cooldowns and the pace after them are the fleet's: one probe per provider round and one
+    /// release pace for every Envoy (a turn held on the service; needs Reserve / Commit).
+    pub cooldowns: bool,
 }
 
 /// What a fleet limit does while the service cannot answer.

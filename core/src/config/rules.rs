@@ -85,6 +85,15 @@ impl TryFrom<ConfigDto> for Config {
             let Some(ClusterName(cluster)) = f.cluster else {
                 return Err(err("fleet.cluster", "is required".into()));
             };
+            let reservations = f.reservations.map_or(defaults::RESERVATIONS, |v| v.0);
+            // Opt-in while it is proven only against the fake service (issue 31).
+            let cooldowns = f.cooldowns.is_some_and(|v| v.0);
+            if cooldowns && !reservations {
+                return Err(err(
+                    "fleet.cooldowns",
+                    "shared cooldowns hold a turn on the service (Reserve / Commit): set \"reservations\": true, or \"cooldowns\": false".into(),
+                ));
+            }
             cfg.fleet = Some(Fleet {
                 cluster,
                 domain: f
@@ -94,7 +103,8 @@ impl TryFrom<ConfigDto> for Config {
                     .timeout_ms
                     .map_or(defaults::DEFAULT_FLEET_TIMEOUT_MS, |v| v.0),
                 on_error: f.on_error.map_or(defaults::ON_ERROR, |v| v.0),
-                reservations: f.reservations.map_or(defaults::RESERVATIONS, |v| v.0),
+                reservations,
+                cooldowns,
             });
         }
         if cfg.fleet.is_none() {

@@ -44,6 +44,7 @@ pub(super) struct FleetDto {
     pub(super) timeout_ms: Option<Int<1, MAX_FLEET_TIMEOUT_MS>>,
     pub(super) on_error: Option<OnErrorSpec>,
     pub(super) reservations: Option<Flag>,
+    pub(super) cooldowns: Option<Flag>,
 }
 
 #[derive(Deserialize)]

@@ -3,13 +3,15 @@
 //! (or overdue). What the verdict does to the request is the worker's; what the answers mean
 //! is decided here, once, one row of `core/tests/fleet_ask.rs` per case.
 
+use super::calls::Calls;
 use super::grpc::{ServiceCall, ServiceReply};
-use super::limits::{Ask, FleetLimits, Grant};
+use super::limits::{Ask, FleetLimits, Grant, Of};
 use super::rls::{self, Code};
+use super::turn::{TurnKey, Turns, TURN_REASK_MS};
 use crate::blocked::Blocked;
 use crate::config::{Config, LimitKind, OnError};
 use crate::effects::TICK_MS;
-use crate::env::Env;
+use crate::env::{Clock, Env};
 use crate::metrics::{Counter, Histogram};
 use crate::request::{FleetCharge, Flow};
 use crate::retry_after::Random;
@@ -54,27 +56,32 @@ pub enum Progress {
 /// What the fleet decided for a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Every fleet limit admits it (or `on_error: allow` let the failed ones pass): it goes,
-    /// charged these token budgets, settled at its stream's end.
-    Admit(Vec<FleetCharge>),
+    /// Every fleet limit admits it (or `on_error: allow` let the failed ones pass): it goes.
+    Admit(Admitted),
     /// Calls failed and `on_error` is `local`: this Envoy's own buckets of the same rate decide
-    /// `limits`; the other limits granted `charges`.
+    /// `limits`; the rest was granted.
     Fallback {
         limits: Vec<usize>,
-        charges: Vec<FleetCharge>,
+        granted: Admitted,
     },
-    /// A fleet limit refused it (or, `denied`, a call failed under `on_error: deny`): it waits
-    /// `wait_ms` or is answered; the reservations granted are released.
-    Refused {
-        limit: usize,
-        wait_ms: u64,
-        denied: bool,
-        release: Vec<Grant>,
-    },
+    /// A fleet limit refused it (or, `denied`, a call failed under `on_error: deny`), or
+    /// another worker of the fleet has its (pool, account)'s turn: it waits or is answered; the
+    /// reservations granted are released.
+    Refused(Refusal),
 }
 
-/// A request the fleet's limits refused: why it waits, whether it may wait at all (a call that
-/// failed under `on_error: deny` is answered at once), and the reservations to release.
+/// What a request that goes was granted: the token budgets it is charged (settled at its
+/// stream's end), and the turn it took, when it asked for one and the service holds it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Admitted {
+    pub charges: Vec<FleetCharge>,
+    pub turn: Option<Grant>,
+    /// How long the turn was taken for.
+    pub turn_ms: u64,
+}
+
+/// A request the fleet refused: why it waits, whether it may wait at all (a call that failed
+/// under `on_error: deny` is answered at once), and the reservations to release.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Refusal {
     pub blocked: Blocked,
@@ -83,48 +90,76 @@ pub struct Refusal {
 }
 
 impl Verdict {
-    /// The verdict carried to its end: the token budgets charged to a request that goes, or
-    /// its refusal. `fallback` takes the limits this Envoy decides itself (`on_error: local`)
-    /// from its own buckets of the same rate.
+    /// The verdict carried to its end: what a request that goes was granted, or its refusal.
+    /// `fallback` takes the limits this Envoy decides itself (`on_error: local`) from its own
+    /// buckets of the same rate.
     pub fn settle(
         self,
         fallback: impl FnOnce(&[usize]) -> Result<(), Blocked>,
-    ) -> Result<Vec<FleetCharge>, Refusal> {
+    ) -> Result<Admitted, Refusal> {
         match self {
-            Verdict::Admit(charges) => Ok(charges),
-            Verdict::Fallback { limits, charges } => match fallback(&limits) {
-                Ok(()) => Ok(charges),
+            Verdict::Admit(granted) => Ok(granted),
+            Verdict::Fallback { limits, granted } => match fallback(&limits) {
+                Ok(()) => Ok(granted),
                 Err(blocked) => Err(Refusal {
                     blocked,
                     denied: false,
-                    release: released(charges),
+                    release: granted.into_grants(),
                 }),
             },
-            Verdict::Refused {
-                limit,
-                wait_ms,
-                denied,
-                release,
-            } => Err(Refusal {
-                blocked: Blocked::Fleet { limit, wait_ms },
-                denied,
-                release,
-            }),
+            Verdict::Refused(refusal) => Err(refusal),
         }
     }
 }
 
+impl Admitted {
+    /// Every reservation in it, to release.
+    fn into_grants(self) -> Vec<Grant> {
+        self.turn
+            .into_iter()
+            .chain(released(self.charges))
+            .collect()
+    }
+}
+
 impl FleetAsk {
+    /// What a request admitted here asks the fleet's service, if anything: its turn when the
+    /// pace of a cooldown released it and this worker does not hold it (`turn`), and its fleet
+    /// limits. Its calls are numbered in `calls`; its hold deadline is fixed (the stream may be
+    /// leaving its arrival callback). A turn is taken for `turn_ms()`.
+    pub fn begin(
+        fleet: &FleetLimits,
+        cfg: &Config,
+        calls: &mut Calls,
+        turns: &Turns,
+        flow: &mut Flow,
+        clock: &Clock,
+        turn_ms: impl FnOnce() -> u64,
+    ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
+        let turn = fleet.cooldowns && flow.released && !turns.holds(TurnKey::of(flow), clock.now());
+        if fleet.limits().is_empty() && !turn {
+            return None;
+        }
+        flow.hold.fix(|| clock.now());
+        let first_seq = calls.reserve(FleetAsk::calls_of(fleet, turn));
+        let turn_ms = turn.then(turn_ms);
+        FleetAsk::start(fleet, cfg, flow, turn_ms, first_seq, clock.now())
+    }
+
     /// Ask the service for every fleet limit of `flow`: the asks numbered from `first_seq`
     /// (the caller reserved `FleetAsk::calls_of(fleet)` numbers), and the first stage's calls.
     pub fn start(
         fleet: &FleetLimits,
         cfg: &Config,
         flow: &Flow,
+        turn_ms: Option<u64>,
         first_seq: u32,
         now: u64,
-    ) -> (FleetAsk, Vec<ServiceCall>) {
-        let asks = fleet.asks(cfg, flow);
+    ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
+        let asks = fleet.asks(cfg, flow, turn_ms);
+        if asks.is_empty() {
+            return None;
+        }
         let mut ask = FleetAsk {
             pool: flow.pool,
             said: vec![None; asks.len()],
@@ -136,12 +171,13 @@ impl FleetAsk {
         };
         let end = first_stage(&ask.asks);
         let calls = ask.send(fleet, cfg, end, now);
-        (ask, calls)
+        Some((ask, calls))
     }
 
-    /// How many calls admission makes under `fleet` (the seq numbers to reserve).
-    pub fn calls_of(fleet: &FleetLimits) -> u32 {
-        fleet.limits().len() as u32
+    /// How many calls admission makes under `fleet`, with the turn or not (the seq numbers to
+    /// reserve).
+    pub fn calls_of(fleet: &FleetLimits, turn: bool) -> u32 {
+        fleet.limits().len() as u32 + u32::from(turn)
     }
 
     /// When the calls sent are overdue.
@@ -195,6 +231,21 @@ impl FleetAsk {
         Progress::Done(self.verdict(fleet, cfg, env))
     }
 
+    /// An answer (`Some`: of call `seq`, or a failure to send it), or (`None`) the calls still
+    /// out overdue.
+    pub fn step(
+        &mut self,
+        fleet: &FleetLimits,
+        cfg: &Config,
+        answer: Option<(u32, ServiceReply)>,
+        env: &mut Env,
+    ) -> Progress {
+        match answer {
+            Some((seq, reply)) => self.answer(fleet, cfg, seq, reply, env),
+            None => Progress::Done(self.overdue(fleet, cfg, env)),
+        }
+    }
+
     /// The service never answered within its timeout: every call still out failed.
     pub fn overdue(&mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
         let elapsed = env.now().saturating_sub(self.sent_ms);
@@ -228,7 +279,10 @@ impl FleetAsk {
         env.metrics.count(self.pool, c);
     }
 
-    /// The answers as one verdict: a refusal wins; failed calls go to `fleet.on_error`.
+    /// The answers as one verdict: a refusal wins (another worker's turn first: the provider
+    /// is what waits); failed calls of limits go to `fleet.on_error`. A turn the service could
+    /// not give (it failed, or holds none: a server that clamps the hold away) leaves this
+    /// Envoy's own cooldown to decide, as without a fleet.
     fn verdict(&mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
         let said = std::mem::take(&mut self.said);
         let answered: Vec<(Ask, Said)> = std::mem::take(&mut self.asks)
@@ -236,64 +290,112 @@ impl FleetAsk {
             .zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed)))
             .collect();
         let default_ms = cfg.retry_after.default_ms;
-        let over = answered.iter().find_map(|(a, s)| match s {
-            Said::Over { wait_ms } => Some((a.limit, *wait_ms)),
+        let refusal = |blocked, denied, answered| {
+            Verdict::Refused(Refusal {
+                blocked,
+                denied,
+                release: grants(answered),
+            })
+        };
+        let turn = answered.iter().find(|(a, _)| a.of == Of::Turn);
+        if let Some((_, turn)) = turn {
+            match turn {
+                Said::Over { .. } => {
+                    let retry_in_ms = refusal_wait_ms(None, TURN_REASK_MS, env.rng);
+                    return refusal(Blocked::Turn { retry_in_ms }, false, answered);
+                }
+                Said::Ok { reservation: None } => {
+                    env.metrics.count(self.pool, Counter::FleetFallback);
+                    warn_unheld_turn();
+                }
+                Said::Failed => env.metrics.count(self.pool, Counter::FleetFallback),
+                Said::Ok { .. } => {}
+            }
+        }
+        let over = answered.iter().find_map(|(a, s)| match (a.of, s) {
+            (Of::Limit(limit), Said::Over { wait_ms }) => Some((limit, *wait_ms)),
             _ => None,
         });
+        if let Some((limit, wait_ms)) = over {
+            let wait_ms = refusal_wait_ms(wait_ms, default_ms, env.rng);
+            return refusal(Blocked::Fleet { limit, wait_ms }, false, answered);
+        }
         let failed: Vec<usize> = answered
             .iter()
-            .filter(|(_, s)| *s == Said::Failed)
-            .map(|(a, _)| a.limit)
+            .filter_map(|(a, s)| match (a.of, s) {
+                (Of::Limit(limit), Said::Failed) => Some(limit),
+                _ => None,
+            })
             .collect();
-        if let Some((limit, wait_ms)) = over {
-            return Verdict::Refused {
-                limit,
-                wait_ms: refusal_wait_ms(wait_ms, default_ms, env.rng),
-                denied: false,
-                release: grants(answered),
-            };
-        }
         if !failed.is_empty() {
             env.metrics.count(self.pool, Counter::FleetFallback);
             match fleet.on_error {
                 OnError::Allow => {}
                 OnError::Deny => {
-                    return Verdict::Refused {
+                    let wait_ms = default_ms;
+                    let blocked = Blocked::Fleet {
                         limit: failed[0],
-                        wait_ms: default_ms,
-                        denied: true,
-                        release: grants(answered),
-                    }
+                        wait_ms,
+                    };
+                    return refusal(blocked, true, answered);
                 }
                 OnError::Local => {
                     return Verdict::Fallback {
                         limits: failed,
-                        charges: charges(cfg, answered),
+                        granted: admitted(cfg, answered),
                     }
                 }
             }
         }
-        Verdict::Admit(charges(cfg, answered))
+        Verdict::Admit(admitted(cfg, answered))
     }
 }
 
-/// The token budgets the service charged (or reserved) for the request.
-fn charges(cfg: &Config, answered: Vec<(Ask, Said)>) -> Vec<FleetCharge> {
-    answered
-        .into_iter()
-        .filter_map(|(a, s)| match s {
-            Said::Ok { reservation } if cfg.limits[a.limit].kind == LimitKind::Tokens => {
-                Some(FleetCharge {
-                    limit: a.limit,
+/// Said once per worker: a server that answers a turn with no hold clamps it away.
+fn warn_unheld_turn() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "llm_governor: the rate-limit service granted a turn without holding it, so cooldowns \
+             stay per Envoy: start limitador-server with --max-reservation-fraction 1 (a turn is \
+             the whole of the llm_governor_turn limit, whose max_value is 1)"
+        );
+    }
+}
+
+/// What the service granted a request that goes: its token budgets and its turn.
+fn admitted(cfg: &Config, answered: Vec<(Ask, Said)>) -> Admitted {
+    let mut out = Admitted::default();
+    for (a, s) in answered {
+        match (a.of, s) {
+            (
+                Of::Turn,
+                Said::Ok {
+                    reservation: Some(r),
+                },
+            ) => {
+                out.turn_ms = a.ttl_ms;
+                out.turn = Some(Grant {
+                    of: Of::Turn,
+                    key: a.key,
+                    reservation: r,
+                })
+            }
+            (Of::Limit(limit), Said::Ok { reservation })
+                if cfg.limits[limit].kind == LimitKind::Tokens =>
+            {
+                out.charges.push(FleetCharge {
+                    limit,
                     key: a.key,
                     amount: a.amount,
                     reservation,
                     settled: None,
                 })
             }
-            _ => None,
-        })
-        .collect()
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The reservations the service granted.
@@ -304,7 +406,7 @@ fn grants(answered: impl IntoIterator<Item = (Ask, Said)>) -> Vec<Grant> {
             Said::Ok {
                 reservation: Some(r),
             } => Some(Grant {
-                limit: a.limit,
+                of: a.of,
                 key: a.key,
                 reservation: r,
             }),
@@ -319,7 +421,7 @@ fn released(charges: Vec<FleetCharge>) -> Vec<Grant> {
         .into_iter()
         .filter_map(|c| {
             Some(Grant {
-                limit: c.limit,
+                of: Of::Limit(c.limit),
                 key: c.key,
                 reservation: c.reservation?,
             })

@@ -6,6 +6,7 @@
 
 use super::grpc::{ServiceCall, ServiceReply};
 use super::limits::{FleetLimits, Grant};
+use super::turn::TurnKey;
 use crate::config::Config;
 use crate::metrics::{Counter, Metrics};
 use crate::request::FleetCharge;
@@ -25,13 +26,29 @@ pub enum Owner {
     Stream(u32),
     /// Owed by no stream (a commit, a release), counted on this pool.
     Nobody { pool: usize },
+    /// A turn taken again: its answer says whether this worker keeps it.
+    Turn(TurnKey),
+    /// A turn given back to be taken again until `until_ms` once the service has it back (a
+    /// hold of the whole limit cannot be taken twice).
+    Renew { key: TurnKey, until_ms: u64 },
+}
+
+/// What an answer the call table was waiting for is for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Done {
+    /// Call `seq` of stream `id`'s admission.
+    Stream { id: u32, seq: u32 },
+    /// A turn taken again.
+    Turn(TurnKey),
+    /// A turn given back, to take again until `until_ms`.
+    Renew { key: TurnKey, until_ms: u64 },
 }
 
 impl Owner {
     fn stream(self) -> Option<u32> {
         match self {
             Owner::Stream(id) => Some(id),
-            Owner::Nobody { .. } => None,
+            Owner::Nobody { .. } | Owner::Turn(_) | Owner::Renew { .. } => None,
         }
     }
 }
@@ -39,10 +56,10 @@ impl Owner {
 #[derive(Debug)]
 pub struct Calls {
     next_seq: u32,
-    /// Calls owed by no stream, with the pool they count on, until the host takes them.
-    owed: Vec<(usize, ServiceCall)>,
-    /// Owed calls the host took and has not said it sent: (seq, pool).
-    taken: Vec<(u32, usize)>,
+    /// Calls owed by no stream, with whose they are, until the host takes them.
+    owed: Vec<(Owner, ServiceCall)>,
+    /// Owed calls the host took and has not said it sent.
+    taken: Vec<(u32, Owner)>,
     /// Calls out: a few at a time, a list.
     out: Vec<Out>,
 }
@@ -72,7 +89,12 @@ impl Calls {
     /// Owe `call` (its seq from `reserve`; counted on `pool`), for the host to send from its
     /// timer.
     pub fn owe(&mut self, pool: usize, call: ServiceCall) {
-        self.owed.push((pool, call));
+        self.owed.push((Owner::Nobody { pool }, call));
+    }
+
+    /// Owe `call` for `owner` (a turn's): its answer comes back from `done`.
+    pub fn owe_for(&mut self, owner: Owner, call: ServiceCall) {
+        self.owed.push((owner, call));
     }
 
     /// Owe a commit of each token budget a stream was charged, with what it used.
@@ -113,8 +135,8 @@ impl Calls {
     pub fn take_owed(&mut self) -> Vec<ServiceCall> {
         let owed = std::mem::take(&mut self.owed);
         owed.into_iter()
-            .map(|(pool, call)| {
-                self.taken.push((call.seq, pool));
+            .map(|(owner, call)| {
+                self.taken.push((call.seq, owner));
                 call
             })
             .collect()
@@ -125,7 +147,7 @@ impl Calls {
         let owner = match stream {
             Some(id) => Owner::Stream(id),
             None => match self.untake(seq) {
-                Some(pool) => Owner::Nobody { pool },
+                Some(owner) => owner,
                 None => return, // not a call this worker owed
             },
         };
@@ -133,33 +155,40 @@ impl Calls {
     }
 
     /// The host could not send the owed call `seq`: a failed call.
-    pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) {
-        if let Some(pool) = self.untake(seq) {
-            metrics.count(pool, Counter::FleetErrors);
+    pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) -> Option<Done> {
+        match self.untake(seq)? {
+            Owner::Nobody { pool } => {
+                metrics.count(pool, Counter::FleetErrors);
+                None
+            }
+            Owner::Turn(key) | Owner::Renew { key, .. } => Some(Done::Turn(key)),
+            Owner::Stream(_) => None,
         }
     }
 
-    fn untake(&mut self, seq: u32) -> Option<usize> {
+    fn untake(&mut self, seq: u32) -> Option<Owner> {
         let at = self.taken.iter().position(|(s, _)| *s == seq)?;
         Some(self.taken.swap_remove(at).1)
     }
 
     /// The answer to `token` (sent for `stream`) came. A call owed by no stream (a commit, a
-    /// release) is only counted; for a stream's call still awaited: the stream and the seq.
+    /// release) is only counted; for a stream's call or a turn's still awaited: whose it is.
     pub fn done(
         &mut self,
         stream: Option<u32>,
         token: u64,
         reply: ServiceReply,
         metrics: &mut dyn Metrics,
-    ) -> Option<(u32, u32)> {
+    ) -> Option<Done> {
         let at = self
             .out
             .iter()
             .position(|c| c.token == token && c.owner.stream() == stream)?;
         let out = self.out.swap_remove(at);
         match out.owner {
-            Owner::Stream(id) => Some((id, out.seq)),
+            Owner::Stream(id) => Some(Done::Stream { id, seq: out.seq }),
+            Owner::Turn(key) => Some(Done::Turn(key)),
+            Owner::Renew { key, until_ms } => Some(Done::Renew { key, until_ms }),
             Owner::Nobody { pool } => {
                 let c = match reply {
                     ServiceReply::Message(_) => Counter::FleetCallsOk,

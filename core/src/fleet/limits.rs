@@ -1,10 +1,13 @@
-//! The fleet limits of a configuration (`limits[].scope: "fleet"`) and the service's settings,
-//! built once at load: what admission asks the service for a request (one call per fleet
-//! limit, each with the one descriptor an operator's limits file matches:
-//! `descriptors[0]['limit']`, `descriptors[0]['key']`), and what a stream owes it at its end.
+//! The fleet limits of a configuration (`limits[].scope: "fleet"`), its shared cooldowns
+//! (`fleet.cooldowns`, `turn`) and the service's settings, built once at load: what admission
+//! asks the service for a request (one call per fleet limit, and the (pool, account)'s turn when
+//! a cooldown's pace released it; each with the one descriptor an operator's limits file
+//! matches: `descriptors[0]['limit']`, `descriptors[0]['key']`), and what a stream owes it at
+//! its end.
 
 use super::grpc::{Method, ServiceCall};
 use super::rls::{self, Descriptor};
+use super::turn::{TurnKey, TURN_LIMIT};
 use crate::config::{Config, LimitKey, LimitKind, OnError, Scope};
 use crate::headers::Headers;
 use crate::keys;
@@ -28,29 +31,44 @@ pub struct FleetLimits {
     pub(crate) on_error: OnError,
     /// Token budgets reserve (Reserve / Commit); false: charged at admission, topped up after.
     reservations: bool,
+    /// Cooldowns are the fleet's: a released request needs its (pool, account)'s turn.
+    pub(crate) cooldowns: bool,
 }
 
-/// One call of a request's admission: which limit, the descriptor's key, how much.
+/// What one call of the service is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Of {
+    /// A fleet limit, by index.
+    Limit(usize),
+    /// The turn of a (pool, account): the right to release what its cooldown's pace lets go.
+    Turn,
+}
+
+/// One call of a request's admission: what it is about, the descriptor's key, how much.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Ask {
-    pub(crate) limit: usize,
+    pub(crate) of: Of,
     pub(crate) key: String,
-    /// Requests: 1. Tokens: the reservation (at least 1: a budget with nothing left refuses).
+    /// Requests and turns: 1. Tokens: the reservation (at least 1: a budget with nothing left
+    /// refuses).
     pub(crate) amount: u64,
     pub(crate) reserve: bool,
+    /// How long a reservation holds (a turn's: how long it is taken for).
+    pub(crate) ttl_ms: u64,
 }
 
 /// A reservation the service granted a request: released (a Commit of 0) when the request
 /// does not go on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
-    pub limit: usize,
+    pub of: Of,
     pub key: String,
     pub reservation: String,
 }
 
 impl FleetLimits {
-    /// The fleet limits of `cfg`; None when it has none (then nothing is ever asked).
+    /// The fleet limits and shared cooldowns of `cfg`; None when it has neither (then nothing
+    /// is ever asked).
     pub fn of(cfg: &Config) -> Option<FleetLimits> {
         let fleet = cfg.fleet.as_ref()?;
         let ls = &cfg.limits;
@@ -60,12 +78,13 @@ impl FleetLimits {
             })
         };
         let limits: Vec<usize> = of_kind(true).chain(of_kind(false)).collect();
-        (!limits.is_empty()).then(|| FleetLimits {
+        (!limits.is_empty() || fleet.cooldowns).then(|| FleetLimits {
             limits,
             domain: fleet.domain.clone(),
             timeout_ms: fleet.timeout_ms,
             on_error: fleet.on_error,
             reservations: fleet.reservations,
+            cooldowns: fleet.cooldowns,
         })
     }
 
@@ -74,14 +93,21 @@ impl FleetLimits {
         &self.limits
     }
 
-    /// What admission asks the service for this flow: one call per fleet limit.
-    pub(crate) fn asks(&self, cfg: &Config, flow: &Flow) -> Vec<Ask> {
-        self.limits
-            .iter()
-            .map(|&i| {
+    /// What admission asks the service for this flow: its turn when it needs one (the pace of
+    /// a cooldown released it; taken for `turn_ms`), then one call per fleet limit.
+    pub(crate) fn asks(&self, cfg: &Config, flow: &Flow, turn_ms: Option<u64>) -> Vec<Ask> {
+        let turn = turn_ms.map(|ttl_ms| Ask {
+            of: Of::Turn,
+            key: TurnKey::of(flow).descriptor_key(cfg),
+            amount: 1,
+            reserve: true,
+            ttl_ms,
+        });
+        turn.into_iter()
+            .chain(self.limits.iter().map(|&i| {
                 let tokens = cfg.limits[i].kind == LimitKind::Tokens;
                 Ask {
-                    limit: i,
+                    of: Of::Limit(i),
                     key: self.key(cfg, i, flow),
                     amount: if tokens {
                         limits::reservation(&cfg.limits[i], flow).amount.max(1)
@@ -89,16 +115,17 @@ impl FleetLimits {
                         1
                     },
                     reserve: tokens && self.reservations,
+                    ttl_ms: RESERVATION_TTL_MS,
                 }
-            })
+            }))
             .collect()
     }
 
     /// The call of one ask of admission.
     pub(crate) fn ask_call(&self, cfg: &Config, ask: &Ask, seq: u32) -> ServiceCall {
-        let d = [descriptor(cfg, ask.limit, ask.key.clone())];
+        let d = [descriptor(cfg, ask.of, ask.key.clone())];
         if ask.reserve {
-            let message = rls::reserve(&self.domain, &d, ask.amount, RESERVATION_TTL_MS);
+            let message = rls::reserve(&self.domain, &d, ask.amount, ask.ttl_ms);
             return self.call(seq, Method::Reserve, message);
         }
         let hits = u32::try_from(ask.amount).unwrap_or(u32::MAX);
@@ -116,7 +143,7 @@ impl FleetLimits {
         seq: u32,
     ) -> Option<ServiceCall> {
         let used = charge.settled.unwrap_or(charge.amount);
-        let d = [descriptor(cfg, charge.limit, charge.key.clone())];
+        let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
         if self.reservations {
             let id = charge.reservation.as_deref().unwrap_or("");
             return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, used)));
@@ -129,9 +156,19 @@ impl FleetLimits {
 
     /// A reservation the request will not use (another limit refused it): released at no cost.
     pub(crate) fn release_call(&self, cfg: &Config, grant: &Grant, seq: u32) -> ServiceCall {
-        let d = [descriptor(cfg, grant.limit, grant.key.clone())];
+        let d = [descriptor(cfg, grant.of, grant.key.clone())];
         let message = rls::commit(&self.domain, &d, &grant.reservation, 0);
         self.call(seq, Method::Commit, message)
+    }
+
+    /// A turn taken (or taken again) for `ttl_ms`.
+    pub(crate) fn turn_call(&self, key: String, ttl_ms: u64, seq: u32) -> ServiceCall {
+        let d = [Descriptor {
+            limit: TURN_LIMIT.to_string(),
+            key,
+        }];
+        let message = rls::reserve(&self.domain, &d, 1, ttl_ms);
+        self.call(seq, Method::Reserve, message)
     }
 
     fn call(&self, seq: u32, method: Method, message: Vec<u8>) -> ServiceCall {
@@ -221,11 +258,12 @@ impl FleetLimits {
     }
 }
 
-fn descriptor(cfg: &Config, limit: usize, key: String) -> Descriptor {
-    Descriptor {
-        limit: cfg.limits[limit].name.clone(),
-        key,
-    }
+fn descriptor(cfg: &Config, of: Of, key: String) -> Descriptor {
+    let limit = match of {
+        Of::Limit(i) => cfg.limits[i].name.clone(),
+        Of::Turn => TURN_LIMIT.to_string(),
+    };
+    Descriptor { limit, key }
 }
 
 /// A header's value when it is not a credential (`-` when it is missing, as local limits

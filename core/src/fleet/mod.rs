@@ -6,6 +6,8 @@
 //!   asks and what a stream owes at its end.
 //! - `ask`: one request's admission: its calls, what each answer means, the verdict.
 //! - `calls`: a worker's calls in flight and owed, by the host's token.
+//! - `turn`: cooldowns shared by the fleet: the turn of a (pool, account), held by one worker
+//!   at a time; `handoff`: what a worker owes the service for its turns.
 //! - `grpc`: a call and its answer as a host moves them (and as gRPC over an HTTP callout).
 //! - `rls`: the protobuf messages, by hand.
 //!
@@ -16,5 +18,7 @@
 pub mod ask;
 pub mod calls;
 pub mod grpc;
+pub mod handoff;
 pub mod limits;
 pub mod rls;
+pub mod turn;

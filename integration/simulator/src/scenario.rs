@@ -118,6 +118,13 @@ pub struct Scenario {
     pub count: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until_ms: Option<f64>,
+    /// An outage inside a scenario that keeps its `limit` window: until this moment (ms since
+    /// the scenario started) every targeted request is answered as `mode` says (a 429 with
+    /// `retry_after_s` for `rate_limited`) and counted in the window like any other; the
+    /// answers' reset of the exhausted dimension tells the true rest of the outage, whatever
+    /// `retry_after_s` says. Afterwards the window decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub down_until_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,6 +188,11 @@ impl Scenario {
         if let Some(u) = self.until_ms {
             if !u.is_finite() || u < 0.0 {
                 return Err("invalid scenario: until_ms: must be >= 0".into());
+            }
+        }
+        if let Some(u) = self.down_until_ms {
+            if !u.is_finite() || u < 0.0 {
+                return Err("invalid scenario: down_until_ms: must be >= 0".into());
             }
         }
         if let Some(l) = &self.limit {

@@ -145,7 +145,17 @@ impl State {
 
         let in_flight = self.in_flight.now();
         let in_flight_key = self.in_flight.of(req.key);
-        let mut reason = reason(req, targeted, sc, window, tpm, in_flight_key);
+        // Inside the scenario's outage, the rest of it (its answers tell it as the reset).
+        let down_ms = sc
+            .down_until_ms
+            .filter(|_| targeted)
+            .map(|until| (until - t_ms).ceil())
+            .filter(|rest| *rest > 0.0)
+            .map(|rest| rest as u64);
+        let mut reason = match down_ms {
+            Some(_) if req.forced_status.is_none() => Reason::Mode,
+            _ => reason(req, targeted, sc, window, tpm, in_flight_key),
+        };
         if let (Reason::Ok | Reason::Concurrency, Some(m)) = (reason, meter) {
             reason = m.reason;
         }
@@ -165,7 +175,10 @@ impl State {
         let hint_ms = if reason == Reason::Concurrency {
             CONCURRENCY_HINT_MS
         } else {
+            // A scenario with an outage says `retry_after_s` in the outage only; after it, the
+            // window says when a request would be admitted.
             sc.retry_after_s
+                .filter(|_| sc.down_until_ms.is_none() || down_ms.is_some())
                 .map(|s| (s * 1000.0).ceil() as u64)
                 .or(window.and_then(|w| w.admit_ms))
                 .or(token_wait(reason, tpm, bucket))
@@ -177,7 +190,8 @@ impl State {
             self.meters.report(sc, req.key, &mut limits, now);
         }
         let dimension = meter.map(|m| m.dimension).or(sc.dimension);
-        let exhausted = limits::exhaust(&mut limits, reason, outcome, dimension, hint_ms);
+        let reset_ms = down_ms.map_or(hint_ms, |rest| rest.max(1));
+        let exhausted = limits::exhaust(&mut limits, reason, outcome, dimension, reset_ms);
 
         let status = req
             .forced_status

@@ -119,4 +119,33 @@ mod tests {
         assert_eq!(fields(4), ("ok", Some(1), None));
         assert_eq!(fields(5), ("ok", Some(1), None));
     }
+
+    #[test]
+    fn an_outage_counts_in_the_window_and_its_answers_tell_its_true_rest() {
+        let mut st = State::new(scenario(
+            r#"{"mode":"rate_limited","retry_after_s":1,"down_until_ms":2500,
+                "limit":{"requests":3,"window_ms":2000}}"#,
+        ));
+        let t0 = Instant::now();
+        let sys = SystemTime::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // In the outage: a 429 saying retry-after 1 s, its reset the rest of the outage.
+        let a = st.decide(&info("k"), at(1000), sys);
+        assert_eq!((a.status, a.hint_ms), (429, 1000));
+        assert_eq!(a.limits.remaining_requests, 0);
+        assert_eq!(a.limits.reset_requests_ms, 1500);
+        let b = st.decide(&info("k"), at(2000), sys);
+        assert_eq!(b.limits.reset_requests_ms, 500);
+        // After it, the window decides, with the outage's requests in it: 1 s and 2 s are
+        // still there at 2.6 s, so one more fits; the next is over until only two of the four
+        // remain (when the one at 2 s leaves, at 4 s).
+        assert_eq!(st.decide(&info("k"), at(2600), sys).status, 200);
+        let d = st.decide(&info("k"), at(2700), sys);
+        assert_eq!(d.status, 429);
+        assert_eq!(
+            d.hint_ms, 1300,
+            "after the outage the window's own time, not retry_after_s"
+        );
+        assert_eq!(d.limits.reset_requests_ms, 1300);
+    }
 }
