@@ -4,9 +4,8 @@
 //! due and what happens then is decided here, once, for every host; a host only supplies the
 //! mechanism of waking (`tick` when `next_due_ms` says, however it keeps time).
 //!
-//! The Worker sequences; it decides nothing a job's own type decides: admission and the hold
-//! (`hold`), the fleet's answers (`fleet::ask`), what a response means (`response`), local
-//! answers (`reply`). A stream's state lives in its table (`stream`) until the stream's end.
+//! The Worker sequences; it decides nothing a job's own type decides (`hold`, `fleet::ask`,
+//! `fleet::handoff`, `response`, `reply`); a stream's state lives in `stream` until its end.
 
 use crate::deadline;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
@@ -161,15 +160,20 @@ impl Worker {
 
     /// When `tick` next has something to do; None when nothing waits or is held.
     pub fn next_due_ms(&self) -> Option<u64> {
-        match (self.streams.next_due_ms(), self.holds.next_due_ms()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let due = [
+            self.streams.next_due_ms(),
+            self.holds.next_due_ms(),
+            self.turns.next_check_ms(crate::effects::TICK_MS),
+        ];
+        due.into_iter().flatten().min()
     }
 
-    /// Nothing waits, nothing is held and no call is owed: no tick is needed.
+    /// Nothing waits, nothing is held, no call is owed and no turn is kept: no tick is needed.
     pub fn is_idle(&self) -> bool {
-        !self.streams.waits() && self.holds.is_empty() && !self.calls.owes()
+        !self.streams.waits()
+            && self.holds.is_empty()
+            && !self.calls.owes()
+            && self.turns.is_empty()
     }
 
     /// The worker's calls to the fleet's service: the owed ones for the host to send from
@@ -379,10 +383,14 @@ impl Worker {
     }
 
     /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
-    /// took, charge what the provider reported, and drop its calls still out. A second call
-    /// does nothing.
+    /// took, charge what the provider reported, drop its calls still out; twice does nothing.
     pub fn on_end(&mut self, id: u32, lent: &mut Lent) {
         self.calls.forget(id);
+        if !self.turns.is_empty() {
+            // A native worker may not tick again: the turn a last stream leaves is tended here.
+            let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
+            handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
+        }
         let Some(stream) = self.streams.take(id) else {
             return;
         };
@@ -467,11 +475,8 @@ impl Worker {
             };
             out.push((id, reaction));
         }
-        if !self.turns.is_empty() {
-            // Give back the turns no longer needed; take again those a cooldown outlasts.
-            let (turns, calls) = (&mut self.turns, &mut self.calls);
-            handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
-        }
+        let (turns, calls) = (&mut self.turns, &mut self.calls);
+        handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
         if !self.holds.is_empty() {
             let left = {
                 borrow_env!(self, lent, Clock::At(now) => g, holds, env);

@@ -12,6 +12,7 @@ use llm_governor_core::effects::TICK_MS;
 use llm_governor_core::fleet::ask::{Admitted, FleetAsk, Progress, Refusal, Verdict};
 use llm_governor_core::fleet::grpc::{Method, ServiceReply, NOT_SENT};
 use llm_governor_core::fleet::limits::{Grant, Of};
+use llm_governor_core::fleet::turn::TURN_MS;
 use llm_governor_core::headers::owned;
 use llm_governor_core::metrics::Counter;
 use llm_governor_core::policy::Clock;
@@ -73,7 +74,7 @@ fn run_asking(cfg: &str, turn: bool, says: &[Says]) -> (Vec<Vec<Method>>, Verdic
         .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
     let cfg = gov.cfg.clone();
     let (mut ask, first) =
-        FleetAsk::start(&fleet, &cfg, &flow, turn.then_some(1000), 100, T0).expect("asks");
+        FleetAsk::start(&fleet, &cfg, &flow, turn.then_some(TURN_MS), 100, T0).expect("asks");
     let mut stages = vec![first.iter().map(|c| c.method).collect::<Vec<_>>()];
     let mut pending: Vec<_> = first;
     let mut says = says.iter();
@@ -274,7 +275,7 @@ fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_
     let rows: Vec<Row> = vec![
         ("the turn is granted: it goes, and the worker keeps the turn",
          cooled("local"), vec![Says::Reserved("t-1"), Says::Ok], vec![vec![Reserve], vec![Srl]],
-         Verdict::Admit(Admitted { charges: vec![], turn: Some(turn("t-1")), turn_ms: 1000 })),
+         Verdict::Admit(Admitted { charges: vec![], turn: Some(turn("t-1")), turn_ms: TURN_MS })),
         ("another worker has the turn: it waits for it, the rest is never asked",
          cooled("local"), vec![Says::Over(None)], vec![vec![Reserve]],
          refused(Blocked::Turn { retry_in_ms: 0 }, false, vec![])),
@@ -299,7 +300,7 @@ fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_
         verdict,
         Verdict::Admit(Admitted {
             charges: vec![],
-            turn_ms: 1000,
+            turn_ms: TURN_MS,
             turn: Some(Grant {
                 of: Of::Turn,
                 key: "default/0000000000000000".into(),

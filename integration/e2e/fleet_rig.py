@@ -236,4 +236,24 @@ def limits_file(config: dict) -> str:
             f"  conditions: [\"descriptors[0]['limit'] == '{limit['name']}'\"]\n"
             f"  variables: [\"descriptors[0]['key']\"]\n"
         )
+    if config.get("fleet", {}).get("cooldowns"):
+        out.append(turn_limit(domain))
     return "".join(out)
+
+
+# The limit a fleet's shared cooldowns take turns on (README, `fleet.cooldowns`): one hold at a
+# time per (pool, account), so the service runs with `--max-reservation-fraction 1`
+# (TURN_SERVICE_ARGS). Holds are given back with a Commit of 0: the window never fills.
+TURN_SERVICE_ARGS = ["--max-reservation-fraction", "1"]
+
+
+def turn_limit(domain: str) -> str:
+    return (
+        "# fleet cooldowns\n"
+        f"- namespace: {domain}\n"
+        "  name: llm_governor_turn\n"
+        "  max_value: 1\n"
+        "  seconds: 3600\n"
+        "  conditions: [\"descriptors[0]['limit'] == 'llm_governor_turn'\"]\n"
+        "  variables: [\"descriptors[0]['key']\"]\n"
+    )

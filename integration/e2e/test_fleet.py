@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
-from fleet_rig import (LIMITADOR_SERVER, REAL_SERVER, RLS_BINARY, RLS_CLUSTER, Redis, fleet_envoy,
-                       limits_file, rls_service, validate_limits)
+from fleet_rig import (LIMITADOR_SERVER, REAL_SERVER, RLS_BINARY, RLS_CLUSTER, TURN_SERVICE_ARGS, Redis,
+                       fleet_envoy, limits_file, rls_service, validate_limits)
 from harness import REPO_ROOT, Envoy, envoy_bootstrap, governor_filter, new_key, post
 
 pytestmark = [
@@ -283,6 +283,43 @@ def test_a_fleet_refusal_with_a_short_wait_is_held_not_answered(simulator, sim):
         assert "x-llm-governor-held-ms" in second.headers
         assert 0.5 < waited < 4.0
         assert len(sim.requests_for(key)) == 2
+
+
+@fixture_only("Reserve / Commit")
+def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
+    """Issue 31, `fleet.cooldowns`: three Envoys meet the provider's outage (429, `retry-after:
+    1`, for 3.5 s); each learns the cooldown from its own first 429. Their held requests then
+    probe from one Envoy at a time, the holder of the (pool, account)'s turn, so a provider
+    round costs the fleet one request, not one per Envoy."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
+              "hold": {"max_ms": 20000}}
+    assert "name: llm_governor_turn\n  max_value: 1\n" in limits_file(config)
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:
+        sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 3500, "keys": [key],
+                      "limit": {"requests": 1000, "window_ms": 2000}})
+        first = [post(e, key, body=body()) for e in fleet.envoys]
+        assert [r.status_code for r in first] == [429, 429, 429]
+        replies, lock = [], threading.Lock()
+
+        def call(envoy):
+            r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
+            with lock:
+                replies.append(r.status_code)
+
+        threads = [threading.Thread(target=call, args=(e,)) for e in fleet.envoys for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join(40) for t in threads]
+        seen = [(round(q["t_ms"]), q["status"]) for q in sim.requests_for(key)]
+        probes = [s for _, s in seen[3:] if s == 429]
+        # The held calls: 12, all answered; the provider's rounds of the outage after the first
+        # wave (about one a second until its reset tells the rest): one probe each for the
+        # fleet, where each Envoy probing for itself costs three a round.
+        assert len(replies) == 12, replies
+        assert 1 <= len(probes) <= 2, seen
+        assert replies.count(429) == len(probes), (replies, seen)
+        assert [s for _, s in seen].count(200) == replies.count(200), seen
+        assert fleet.stat("fleet_errors") == 0
 
 
 def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, sim):

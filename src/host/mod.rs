@@ -147,11 +147,19 @@ impl Vm {
 
     /// Envoy delivered what became of a call (`status` 0: answered, `size` bytes).
     fn call_done(&self, stream: Option<u32>, token: u32, status: u32, size: usize) {
-        let bytes = (status == 0)
-            .then(|| abi::buffer(BufferType::GrpcReceiveBuffer, 0, size).ok())
-            .flatten();
+        // An answer of 0 bytes is a message whose fields are all defaults (a CommitResponse
+        // that released nothing): there is no buffer to read for it.
+        let read = || match size {
+            0 => Some(Vec::new()),
+            _ => abi::buffer(BufferType::GrpcReceiveBuffer, 0, size).ok(),
+        };
+        let bytes = (status == 0).then(read).flatten();
         let reply = grpc::delivered(status, bytes.as_deref());
-        protocol::call_done(self, stream, u64::from(token), reply);
+        // A call a stream's reaction sent from a tick is answered on the root context.
+        let token = u64::from(token);
+        let owner = || self.worker.try_borrow_mut().ok()?.calls().stream_of(token);
+        let stream = stream.or_else(owner);
+        protocol::call_done(self, stream, token, reply);
         self.tick_as_needed();
     }
 }

@@ -420,7 +420,7 @@ class FleetGateway(Gateway):
     services on it (integration/limitador-rls), Envoys 1 and 3 asking one, Envoy 2 the other."""
 
     def __init__(self, key: str, sim: Simulator, artifact: Optional[str] = None):
-        from fleet_rig import Redis, RlsService, fleet_envoy
+        from fleet_rig import TURN_SERVICE_ARGS, Redis, RlsService, fleet_envoy, limits_file
 
         self.key = key
         self.artifact = artifact_of(artifact)
@@ -588,15 +588,6 @@ def pinned(clients: int, replicas: int, weights=None) -> list:
     return [r for r, n in enumerate(shares) for _ in range(n)]
 
 
-# What the fleet's service holds for shared cooldowns (README "Fleet"): the shipped limits
-# file's entries, as envoy/limitador/limits.yaml writes them.
-def cooldown_limits_file() -> str:
-    path = REPO_ROOT / "envoy" / "limitador" / "limits.yaml"
-    text = path.read_text()
-    start = text.find("# fleet cooldowns")
-    return text[start:] if start >= 0 else ""
-
-
 class ReplicaGateway(Gateway):
     """(r*): N Envoys (2 workers each) with llm-governor, each client pinned to one; for (r*-fleet)
     a Redis and two Limitador-compatible services on it, the replicas asking them in turn."""
@@ -609,18 +600,19 @@ class ReplicaGateway(Gateway):
         self.weights = REPLICA_SPLITS[split]
         self.config = {"pools": POOLS}
         if self.fleet:
-            self.config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100}
+            self.config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100, "cooldowns": True}
         self.redis = None
         self.services: list = []
         self.replicas: list = []
 
     def start(self) -> "ReplicaGateway":
-        from fleet_rig import Redis, RlsService, fleet_envoy
+        from fleet_rig import TURN_SERVICE_ARGS, Redis, RlsService, fleet_envoy, limits_file
 
         try:
             if self.fleet:
                 self.redis = Redis().start()
-                self.services = [RlsService(self.redis, cooldown_limits_file()).start() for _ in range(2)]
+                self.services = [RlsService(self.redis, limits_file(self.config), TURN_SERVICE_ARGS).start()
+                                 for _ in range(2)]
                 self.replicas = [fleet_envoy(self.config, self.sim.port, self.services[i % 2].port,
                                              concurrency=2, artifact=self.artifact).start()
                                  for i in range(self.n)]

@@ -171,6 +171,16 @@ impl Calls {
         Some(self.taken.swap_remove(at).1)
     }
 
+    /// Whose call `token` is: its stream's, or None (an owed call, or none out). For a host
+    /// that hears answers on another context than the call's: proxy-wasm answers a call that a
+    /// stream's reaction sent from a tick on the root context.
+    pub fn stream_of(&self, token: u64) -> Option<u32> {
+        self.out
+            .iter()
+            .find(|c| c.token == token)
+            .and_then(|c| c.owner.stream())
+    }
+
     /// The answer to `token` (sent for `stream`) came. A call owed by no stream (a commit, a
     /// release) is only counted; for a stream's call or a turn's still awaited: whose it is.
     pub fn done(

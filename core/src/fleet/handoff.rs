@@ -27,6 +27,9 @@ pub fn tend(
     let (Some(fleet), cfg) = (gov.fleet(), &gov.cfg) else {
         return;
     };
+    if turns.is_empty() {
+        return;
+    }
     let queued = |k: TurnKey| holds.queued_for(k.pool, k.account);
     let cooling_until = |k: TurnKey| gov.cooldowns().busy_until(k.pool, k.account, store, now);
     for act in turns.tend(now, queued, cooling_until) {

@@ -21,10 +21,11 @@ use crate::request::Flow;
 
 /// The service's limit whose holds are the turns (`max_value: 1`; see the shipped limits file).
 pub const TURN_LIMIT: &str = "llm_governor_turn";
-/// How long a turn is taken for, at least: a probe's answer comes within it (rate limiters
-/// answer at once), and a holder that died gives the turn back after it. A turn is taken for
-/// longer through an episode of cooldowns (`turn_ms`).
-pub const TURN_MS: u64 = 1000;
+/// How long a turn is taken for, at least: the provider's rounds of an outage of a few seconds
+/// stay the holder's without taking the turn again, and a holder that died gives the turn back
+/// after it (the fleet's releases of that account wait that long, at most). A turn is taken for
+/// longer through an episode of longer cooldowns (`turn_ms`).
+pub const TURN_MS: u64 = 10_000;
 /// The longest a turn is taken for at once (Limitador's `--max-reservation-ttl` defaults to 60 s).
 pub const TURN_MAX_MS: u64 = 60_000;
 
@@ -91,9 +92,17 @@ pub enum Tend {
 #[derive(Default, Debug)]
 pub struct Turns {
     held: Vec<Held>,
+    /// When `tend` last looked (a kept turn is looked at every tick).
+    tended_ms: u64,
 }
 
 impl Turns {
+    /// When a tick (every `tick_ms`) should next tend the turns kept here: None while none is
+    /// kept.
+    pub fn next_check_ms(&self, tick_ms: u64) -> Option<u64> {
+        (!self.held.is_empty()).then(|| self.tended_ms.saturating_add(tick_ms))
+    }
+
     /// Whether this worker holds `key`'s turn at `now`.
     pub fn holds(&self, key: TurnKey, now: u64) -> bool {
         self.held.iter().any(|h| h.key == key && h.until_ms > now)
@@ -141,6 +150,7 @@ impl Turns {
         mut queued: impl FnMut(TurnKey) -> bool,
         mut cooling_until: impl FnMut(TurnKey) -> Option<u64>,
     ) -> Vec<Tend> {
+        self.tended_ms = now;
         self.held.retain(|h| h.until_ms > now);
         let mut out = Vec::new();
         for h in &mut self.held {
