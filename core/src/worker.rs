@@ -1,9 +1,7 @@
 //! One worker's streams, from request headers to the stream's end, sans-IO: the host turns its
-//! callbacks into calls here and applies the `Reaction` each returns (effects, then continue or
-//! pause; `protocol` is how, once for every host). What a stream waits for, when the wait is
-//! due and what happens then is decided here, once, for every host; a host only supplies the
-//! mechanism of waking (`tick` when `next_due_ms` says, however it keeps time).
-//!
+//! callbacks into calls here and applies each `Reaction` (`protocol` is how, for every host).
+//! What a stream waits for, when the wait is due and what then happens is decided here; a host
+//! only supplies the waking (`tick` when `next_due_ms` says, however it keeps time).
 //! The Worker sequences; it decides nothing a job's own type decides (`hold`, `fleet::ask`,
 //! `fleet::handoff`, `response`, `reply`); a stream's state lives in `stream` until its end.
 
