@@ -266,6 +266,11 @@ def main():
         "odd": {"cache_control": {"type": "ephemeral"}, "system": "plain", "messages": [
             {"role": "user", "content": "s", "cache_control": {"type": "ephemeral", "ttl": "2d"}},
             {"role": "user", "content": [{"type": "mystery", "cache_control": None}]}]},
+        # Tools after the messages (as the SDKs write them): the body cut in half inside the
+        # messages knows no prefix, since the tools come first in cache order.
+        "tools-last": {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+                       "messages": [{"role": "user", "content": "long " * 40}],
+                       "tools": [{"name": "read", "input_schema": {"type": "object"}}]},
     }
     for name, body in prompts.items():
         corpus.add("prompt_prefixes", name, json.dumps(body).encode())

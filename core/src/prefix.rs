@@ -121,13 +121,16 @@ impl Sections {
         }
         // Past a cut section nothing is known; with the body cut elsewhere, up to the first
         // section not found.
+        // A cut section is unknown, and so is any section before it not found yet: it may
+        // come later in the body.
+        let missing = found
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(NAMES.len());
         let known = match (cut_at, complete) {
-            (Some(i), _) => i,
+            (Some(i), _) => i.min(missing),
             (None, true) => NAMES.len(),
-            (None, false) => found
-                .iter()
-                .position(Option::is_none)
-                .unwrap_or(NAMES.len()),
+            (None, false) => missing,
         };
         Some(Sections { found, known })
     }

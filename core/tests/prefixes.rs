@@ -140,11 +140,18 @@ fn a_prefix_past_the_read_limit_is_estimated() {
     assert!(body.len() > MAX_BODY);
     // The system section is cut: nothing after it in cache order (the messages) is known.
     assert_eq!(prompt(&body), None);
-    // With the cut section last in cache order, the boundaries before it stand.
-    let body = format!(
-        r#"{{"system": [{{"type": "text", "text": "short", "cache_control": {{"type": "ephemeral"}}}}], "messages": [{{"role": "user", "content": [{{"type": "text", "text": "{long}", "cache_control": {{"type": "ephemeral"}}}}]}}]}}"#
+    // The messages cut with no tools seen yet: the tools may follow in the unread part (the
+    // SDKs write them after the messages), and they come first in cache order.
+    let messages = format!(
+        r#""messages": [{{"role": "user", "content": [{{"type": "text", "text": "{long}", "cache_control": {{"type": "ephemeral"}}}}]}}]"#
     );
-    let p = prompt(&body).unwrap();
+    let system =
+        r#""system": [{"type": "text", "text": "short", "cache_control": {"type": "ephemeral"}}]"#;
+    assert_eq!(prompt(&format!("{{{system}, {messages}}}")), None);
+    // With the tools read and the cut section last in cache order, the boundaries before it
+    // stand.
+    let tools = r#""tools": [{"name": "t", "input_schema": {}}]"#;
+    let p = prompt(&format!("{{{tools}, {system}, {messages}}}")).unwrap();
     assert_eq!(p.breakpoints.len(), 1);
 }
 
