@@ -180,3 +180,65 @@ fn names_match_in_any_case_first_value_wins_near_misses_ignored() {
         );
     }
 }
+
+/// Preemptive pacing per dimension (issue 32): each dimension Anthropic reports used up is
+/// paced by what a request like this one needs of that dimension, one row per case.
+#[test]
+fn each_used_up_dimension_waits_for_what_the_request_needs_of_it() {
+    use llm_governor_core::ratelimit::Need;
+    // Input used up (20,000 a minute, full again in 60 s); output has room.
+    let hs = owned(&[
+        ("anthropic-ratelimit-input-tokens-limit", "20000"),
+        ("anthropic-ratelimit-input-tokens-remaining", "0"),
+        (
+            "anthropic-ratelimit-input-tokens-reset",
+            "2026-11-30T16:21:00Z",
+        ),
+        ("anthropic-ratelimit-output-tokens-limit", "6000"),
+        ("anthropic-ratelimit-output-tokens-remaining", "3000"),
+        (
+            "anthropic-ratelimit-output-tokens-reset",
+            "2026-11-30T16:20:30Z",
+        ),
+    ]);
+    let s = parse(&Headers::new(&hs), &|| NOW);
+    let need = |tokens, input_tokens, output_tokens| Need {
+        tokens,
+        input_tokens,
+        output_tokens,
+    };
+    let rows: [(&str, Need, Option<u64>); 5] = [
+        (
+            "its input back",
+            need(None, Some(2_000), Some(300)),
+            Some(6_000),
+        ),
+        (
+            "the whole reset when the input need is unknown",
+            need(None, None, Some(300)),
+            Some(60_000),
+        ),
+        (
+            "a total need does not pace the input dimension",
+            need(Some(2_000), None, None),
+            Some(60_000),
+        ),
+        (
+            "never past the reset",
+            need(None, Some(50_000), None),
+            Some(60_000),
+        ),
+        // Output has 3,000 left: a request needing more is not cooled (the bucket paces it).
+        (
+            "room left is not used up",
+            need(None, Some(1), Some(4_000)),
+            Some(3),
+        ),
+    ];
+    for (name, need, wait) in rows {
+        assert_eq!(s.short_wait_ms(&need), wait, "{name}");
+    }
+    let no_input = owned(&[("anthropic-ratelimit-output-tokens-remaining", "7")]);
+    let s = parse(&Headers::new(&no_input), &|| NOW);
+    assert_eq!(s.short_wait_ms(&need(None, Some(5), Some(5))), None);
+}

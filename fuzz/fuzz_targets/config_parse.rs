@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
                 Some(DEFAULT_POOL)
             );
             for (i, l) in cfg.limits.iter().enumerate() {
-                assert!(l.burst > 0, "{l:?}");
+                assert!(l.per_window > 0 && l.burst > 0, "{l:?}");
                 assert!(cfg.limits[..i].iter().all(|o| o.name != l.name), "{l:?}");
             }
             assert!(cfg.max_keys >= 1);

@@ -289,16 +289,23 @@ class LoopClients(SdkClients):
         chars = round(self.storm.prompt_chars * rng.uniform(0.95, 1.05))
         return [{"role": "user", "content": "Summarize the following text in one paragraph. " + prose(chars, rng)}]
 
+    def next_request(self, i: int):
+        """What client i sends next, made before its call is timed."""
+        return self.messages(i)
+
+    async def send(self, i: int, messages) -> None:
+        await self.clients[i].chat.completions.create(model=MODEL, messages=messages,
+                                                      max_tokens=self.storm.max_tokens)
+
     async def run(self, i: int, go: asyncio.Event, results: list) -> None:
         await go.wait()
         call = 0
         while self.clock.now_ms() < self.storm.duration_s * 1000:
             self.current[i] = attempts = []
-            messages = self.messages(i)
+            request = self.next_request(i)
             start = self.clock.now_ms()
             try:
-                await self.clients[i].chat.completions.create(model=MODEL, messages=messages,
-                                                              max_tokens=self.storm.max_tokens)
+                await self.send(i, request)
                 ok, error = True, ""
             except asyncio.CancelledError:
                 results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts))
@@ -309,7 +316,7 @@ class LoopClients(SdkClients):
             call += 1
 
 
-class AgentClients(SdkClients):
+class AgentClients(LoopClients):
     """`storm.clients` coding agents on the official `anthropic` SDK (`AsyncAnthropic` with its
     default retries, 60 s timeout, its own connection), each a conversation until
     `storm.duration_s`: the shared system prompt (`storm.system_chars` of prose, marked
@@ -321,7 +328,8 @@ class AgentClients(SdkClients):
     TURNS = 6
 
     def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock):
-        # SdkClients' fields, with Anthropic's SDK instead of OpenAI's (hook, warm-up and close are its).
+        # SdkClients' fields, with Anthropic's SDK instead of OpenAI's (its hook, warm-up and close
+        # and LoopClients' loop are theirs).
         import anthropic
 
         self.storm, self.clock = storm, clock
@@ -338,39 +346,25 @@ class AgentClients(SdkClients):
         self.system = [{"type": "text", "text": prose(storm.system_chars, random.Random(storm.seed)),
                         "cache_control": {"type": "ephemeral"}}]
         self.rng = [random.Random(storm.seed * 1000 + i) for i in range(storm.clients)]
+        self.turns = [self.task(i) for i in range(storm.clients)]
 
     def task(self, i: int) -> list:
         return [("user", "Here is the next task. " + prose(self.rng[i].randint(400, 1200), self.rng[i]))]
 
-    @staticmethod
-    def messages(turns: list) -> list:
+    def next_request(self, i: int) -> list:
         """The turns as the SDK sends them, the newest block marked as a breakpoint."""
-        out = [{"role": role, "content": [{"type": "text", "text": text}]} for role, text in turns]
+        out = [{"role": role, "content": [{"type": "text", "text": text}]} for role, text in self.turns[i]]
         out[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
         return out
 
-    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
-        await go.wait()
-        call, turns = 0, self.task(i)
-        while self.clock.now_ms() < self.storm.duration_s * 1000:
-            self.current[i] = attempts = []
-            start = self.clock.now_ms()
-            try:
-                answer = await self.clients[i].messages.create(
-                    model="claude-sonnet-4-5", max_tokens=self.storm.max_tokens, system=self.system,
-                    messages=self.messages(turns))
-                ok, error = True, ""
-                text = "".join(getattr(b, "text", "") for b in answer.content) or "ok"
-                turns = turns + [("assistant", text), ("user", "Tool result: " + prose(self.rng[i].randint(400, 1200), self.rng[i]))]
-                if len(turns) > 2 * self.TURNS:
-                    turns = self.task(i)
-            except asyncio.CancelledError:
-                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts))
-                raise
-            except Exception as err:  # noqa: BLE001 - every failure is a data point
-                ok, error = False, type(err).__name__
-            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
-            call += 1
+    async def send(self, i: int, messages: list) -> None:
+        answer = await self.clients[i].messages.create(
+            model="claude-sonnet-4-5", max_tokens=self.storm.max_tokens, system=self.system, messages=messages)
+        text = "".join(getattr(b, "text", "") for b in answer.content) or "ok"
+        rng = self.rng[i]
+        self.turns[i] = self.turns[i] + [("assistant", text), ("user", "Tool result: " + prose(rng.randint(400, 1200), rng))]
+        if len(self.turns[i]) > 2 * self.TURNS:
+            self.turns[i] = self.task(i)
 
 
 class ScheduledClients:
