@@ -53,10 +53,10 @@ pub struct Pace {
     pub out: u16,
     /// The last release, Unix ms.
     pub last_release_ms: u64,
-    /// The fewest remaining requests a success reported since the round's probe went
-    /// (`u16::MAX`: none yet). Answers of one round are read by several workers in any order:
-    /// an older answer's larger `remaining` must not open what a newer one already used.
-    pub floor: u16,
+    /// Releases handed out so far (wrapping), each released request keeping its number: the
+    /// `remaining` an answer reports counts none of the releases handed out after its own,
+    /// whether they are still on their way or already answered (in any order, by any worker).
+    pub seq: u16,
 }
 
 impl Default for Pace {
@@ -67,7 +67,7 @@ impl Default for Pace {
             credits: 0,
             out: 0,
             last_release_ms: 0,
-            floor: u16::MAX,
+            seq: 0,
         }
     }
 }
@@ -101,7 +101,7 @@ impl CooldownRecord {
             .u16(pace.out)
             .u64(pace.last_release_ms)
             .u64(self.burst_end_ms)
-            .u16(pace.floor)
+            .u16(pace.seq)
             .done()
     }
 
@@ -114,7 +114,7 @@ impl CooldownRecord {
             return None;
         }
         let (credits, out, last_release_ms) = (r.u16()?, r.u16()?, r.u64()?);
-        let (burst_end_ms, floor) = (r.u64()?, r.u16()?);
+        let (burst_end_ms, seq) = (r.u64()?, r.u16()?);
         Some(CooldownRecord {
             deadline_ms,
             period_ms,
@@ -127,7 +127,7 @@ impl CooldownRecord {
                 credits,
                 out,
                 last_release_ms,
-                floor,
+                seq,
             },
             burst_end_ms,
         })
@@ -269,32 +269,23 @@ pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<Cool
     }
     let p = rec.pace;
     let patience_over = now_ms >= p.last_release_ms.saturating_add(PROBE_PATIENCE_MS);
-    let pace = if p.credits > 0 {
-        Pace {
-            credits: p.credits - 1,
-            out: p.out.saturating_add(1),
-            last_release_ms: now_ms,
-            ..p
-        }
-    } else if p.out == 0 {
-        // The probe: the first request after a cooldown (or after every release was
-        // answered): a new round, whose answer may open more than the last one left.
-        Pace {
-            out: 1,
-            last_release_ms: now_ms,
-            floor: u16::MAX,
-            ..p
-        }
-    } else if patience_over {
-        // One more after an answer that is long in coming.
-        Pace {
-            out: p.out.saturating_add(1),
-            last_release_ms: now_ms,
-            ..p
-        }
+    // An open release; else the probe: the first request after a cooldown (or after every
+    // release was answered), whose answer may open more than the last one left; else one more
+    // after an answer that is long in coming.
+    let credits = if p.credits > 0 {
+        p.credits - 1
+    } else if p.out == 0 || patience_over {
+        0
     } else {
         let retry_in_ms = p.last_release_ms + PROBE_PATIENCE_MS - now_ms;
         return (Gate::Paced { retry_in_ms }, None);
+    };
+    let pace = Pace {
+        credits,
+        out: p.out.saturating_add(1),
+        last_release_ms: now_ms,
+        seq: p.seq.wrapping_add(1),
+        ..p
     };
     (Gate::Released, Some(CooldownRecord { pace, ..rec }))
 }
@@ -324,11 +315,11 @@ pub enum Answer {
     Other,
 }
 
-/// The pace after the answer of a released request (`released`: it took a release) or of any
-/// request while pacing.
-pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> CooldownRecord {
+/// The pace after the answer of a released request (`released`: the number of the release it
+/// took) or of any request while pacing.
+pub fn answered(rec: CooldownRecord, answer: Answer, released: Option<u16>) -> CooldownRecord {
     let mut p = rec.pace;
-    if released {
+    if released.is_some() {
         p.out = p.out.saturating_sub(1);
     }
     match answer {
@@ -339,19 +330,21 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> Cooldown
         }
         Answer::Success { .. } if !p.active => {}
         Answer::Success { remaining } => {
+            // What the provider had left when it took this request, less every release
+            // handed out after it (it could not count those); a request the pace did not
+            // release, less every release still on its way.
+            let after = released.map_or(p.out, |seq| p.seq.wrapping_sub(seq));
             let open = match remaining.filter(|_| !p.ignore_remaining) {
-                // What the provider has left, less what is already on its way to it; never
-                // more than the round's newest answer said.
-                Some(r) => {
-                    let r = r.min(u64::from(p.floor));
-                    p.floor = u16::try_from(r).unwrap_or(u16::MAX);
-                    r.saturating_sub(u64::from(p.out))
-                }
+                Some(r) => r.saturating_sub(u64::from(after)),
                 // Slow start: each success brings its own release back and one more.
                 None => u64::from(p.credits) + 2,
             };
             if open >= PACE_OPEN_AT {
-                p = Pace::default();
+                // The numbering goes on: answers of releases still out keep their place.
+                p = Pace {
+                    seq: p.seq,
+                    ..Pace::default()
+                };
             } else {
                 p.credits = u16::try_from(open).unwrap_or(u16::MAX);
             }

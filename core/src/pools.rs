@@ -122,7 +122,7 @@ impl<'a> Pools<'a> {
             limit_keys: Vec::new(),
             charges: Vec::new(),
             slots: Vec::new(),
-            released: false,
+            released: None,
             held_ms: None,
             hold: HoldDeadline::new(hold_budget_ms),
             client_retry: is_client_retry(&req.headers),

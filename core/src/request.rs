@@ -58,8 +58,8 @@ pub struct Flow {
     pub charges: Vec<Charge>,
     /// `max_in_flight` slots this request holds until its stream ends.
     pub slots: Vec<HeldSlot>,
-    /// It took a release of the pace after a cooldown; its answer is owed to the pace.
-    pub released: bool,
+    /// The release of the pace it took after a cooldown; its answer is owed to the pace.
+    pub released: Option<Release>,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
     /// Until when it may be held: its arrival plus its hold budget.
@@ -91,6 +91,15 @@ pub struct Charge {
     pub key: String,
     /// Tokens reserved before forwarding; 0 when the budget is charged after the response.
     pub reserved: u64,
+}
+
+/// A release of the pace after a cooldown, as the request that took it keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// Its number in the pace's count of releases (`cooldown::Pace::seq`).
+    pub seq: u16,
+    /// When it was handed out, Unix ms.
+    pub at_ms: u64,
 }
 
 /// A `max_in_flight` slot a request holds until its stream ends.
@@ -164,7 +173,7 @@ impl HoldDeadline {
 impl Flow {
     /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
     pub fn owes_at_end(&self) -> bool {
-        !self.slots.is_empty() || self.released || self.fleet_charged()
+        !self.slots.is_empty() || self.released.is_some() || self.fleet_charged()
     }
 
     /// Whether the fleet charged it a token budget, settled at the end.

@@ -188,7 +188,10 @@ impl<'a> Responses<'a> {
             .max()
             .filter(|n| *n > 0);
         if self.cfg.preemptive {
-            if let Some(reset) = snap.exhausted_wait_ms(need).filter(|ms| *ms > 0) {
+            let wait = snap
+                .exhausted_wait_ms(need)
+                .map(|ms| since_release(flow, snap, ms, env));
+            if let Some(reset) = wait.filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
                     class: Class::RateLimited,
@@ -203,7 +206,7 @@ impl<'a> Responses<'a> {
                 return;
             }
         }
-        if flow.released || flow.streak > 0 {
+        if flow.released.is_some() || flow.streak > 0 {
             // The pace releases no more than the provider says fit: its remaining requests,
             // and its remaining tokens over what a request like this one needs.
             let answer = Answer::Success {
@@ -292,7 +295,7 @@ impl<'a> Responses<'a> {
             let answer = Answer::NotNow { requests_left };
             self.cooldowns.cool(flow, wanted, streak, answer, env);
         } else {
-            flow.released = false;
+            flow.released = None;
         }
         // Nothing is replayed, but the client's retry will be steered to a pool with room:
         // worth making at once, whatever this pool said.
@@ -310,6 +313,17 @@ impl<'a> Responses<'a> {
             provider_ms,
             headers: reply::retry_headers(class, AnswerSource::Upstream, delay_ms, should_retry),
         })
+    }
+}
+
+/// A wait the provider gave as a duration counts from when it took the request: for a request
+/// the pace released, from its release. Counted from the answer, each round of a provider that
+/// answers slowly waited its whole latency more than the provider asked, every round (a 500 ms
+/// latency used 80 % of the provider's pace at best). An instant (Anthropic's) is left as is.
+fn since_release(flow: &Flow, snap: &Snapshot, wait_ms: u64, env: &mut Env) -> u64 {
+    match flow.released {
+        Some(r) if snap.durations => wait_ms.saturating_sub(env.now().saturating_sub(r.at_ms)),
+        _ => wait_ms,
     }
 }
 

@@ -102,6 +102,91 @@ fn without_a_remaining_header_releases_double_with_each_success() {
 }
 
 #[test]
+fn releases_that_trickle_one_at_a_time_open_what_a_freed_window_says_again() {
+    // A slow provider (answers take longer than its window takes to free a slot): the probe's
+    // answer leaves room for one, and that one's answer, from a window that freed meanwhile,
+    // says 8 are left. The pace once kept the round's fewest (1) until a probe that never
+    // came: one request on its way at a time, 2 a second at a 500 ms latency instead of 5.
+    let mut host = Host::new(CFG);
+    cool(&mut host, "1");
+    for id in 1..=12 {
+        held(host.arrive(id, PATH, &[A]));
+    }
+    host.advance(1_000 + GRAIN);
+    let probe = flows(host.tick());
+    assert_eq!(gone_ids(&probe), [1]);
+    host.advance(500);
+    host.respond(
+        &probe[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "1")],
+        "",
+    );
+    let one = flows(host.tick());
+    assert_eq!(gone_ids(&one), [2], "room for one");
+    host.advance(500);
+    host.respond(
+        &one[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "8")],
+        "",
+    );
+    assert_eq!(
+        gone(&host.tick()),
+        [3, 4, 5, 6, 7, 8, 9, 10],
+        "the window freed: eight"
+    );
+}
+
+#[test]
+fn a_slow_answers_reset_counts_from_the_release_when_it_is_a_duration() {
+    // The probe goes 1,001 ms after T0 and is answered 400 ms later with nothing left. OpenAI
+    // states the reset as a duration from when it took the request: the window reopens at
+    // the release + 1,599 ms, not 1,599 ms after the slow answer. Anthropic states an instant.
+    let rows: [(&str, &[(&str, &str)], u64); 2] = [
+        (
+            "duration",
+            &[
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "1599ms"),
+            ],
+            1_001 + 1_599,
+        ),
+        (
+            "instant",
+            &[
+                ("anthropic-ratelimit-requests-remaining", "0"),
+                ("anthropic-ratelimit-requests-reset", "2026-11-30T16:20:03Z"),
+            ],
+            3_000,
+        ),
+    ];
+    for (what, headers, opens_at) in rows {
+        let mut host = Host::new(CFG);
+        cool(&mut host, "1");
+        for id in 1..=3 {
+            held(host.arrive(id, PATH, &[A]));
+        }
+        host.advance(1_000 + GRAIN);
+        let probe = flows(host.tick());
+        assert_eq!(gone_ids(&probe), [1], "{what}");
+        host.advance(400);
+        host.respond(&probe[0].1, 200, headers, "");
+        host.now_ms = common::T0 + opens_at;
+        assert!(
+            host.tick().is_empty(),
+            "{what}: not before the window reopens"
+        );
+        host.advance(GRAIN);
+        assert_eq!(gone(&host.tick()), [2], "{what}: the next probe, on time");
+    }
+}
+
+fn gone_ids(flows: &[(u32, impl Sized)]) -> Vec<u32> {
+    flows.iter().map(|(id, _)| *id).collect()
+}
+
+#[test]
 fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
     let mut host = Host::new(CFG);
     cool(&mut host, "1");
