@@ -108,6 +108,37 @@ impl Blocked {
         }
     }
 
+    /// As it stands for a request `ms` behind the one it would let go: a known wait (or the
+    /// pace's next try) that much longer. A full cap says no time.
+    pub fn later(self, ms: u64) -> Blocked {
+        match self {
+            Blocked::Cooling {
+                class,
+                remaining_ms,
+            } => Blocked::Cooling {
+                class,
+                remaining_ms: remaining_ms.saturating_add(ms),
+            },
+            Blocked::Paced { retry_in_ms } => Blocked::Paced {
+                retry_in_ms: retry_in_ms.saturating_add(ms),
+            },
+            Blocked::Bucket {
+                limit,
+                wait_ms,
+                remaining,
+            } => Blocked::Bucket {
+                limit,
+                wait_ms: wait_ms.saturating_add(ms),
+                remaining,
+            },
+            Blocked::Fleet { limit, wait_ms } => Blocked::Fleet {
+                limit,
+                wait_ms: wait_ms.saturating_add(ms),
+            },
+            other => other,
+        }
+    }
+
     /// Whether waiting for `self` ends sooner than waiting for `other`: a known wait beats an
     /// unknown one (an unknown wait ends with an event that may never come soon), shorter
     /// beats longer, and a wait that cannot end beats nothing.

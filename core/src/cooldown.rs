@@ -40,7 +40,7 @@ pub struct CooldownRecord {
 }
 
 /// How traffic comes back after a cooldown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pace {
     pub active: bool,
     /// The "not now" that started this pace reported requests left (a concurrency or token
@@ -57,19 +57,6 @@ pub struct Pace {
     /// `remaining` an answer reports counts none of the releases handed out after its own,
     /// whether they are still on their way or already answered (in any order, by any worker).
     pub seq: u16,
-}
-
-impl Default for Pace {
-    fn default() -> Pace {
-        Pace {
-            active: false,
-            ignore_remaining: false,
-            credits: 0,
-            out: 0,
-            last_release_ms: 0,
-            seq: 0,
-        }
-    }
 }
 
 impl CooldownRecord {

@@ -64,6 +64,10 @@ pub struct Flow {
     pub held_ms: Option<u64>,
     /// Until when it may be held: its arrival plus its hold budget.
     pub hold: HoldDeadline,
+    /// Its class of held requests (`hold.classes`; the last is the implicit `default`).
+    pub hold_class: usize,
+    /// The id of its `hold.fair_key` header's value (0 without a header fair key).
+    pub fair_id: u64,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
     /// What fleet limits need of the request (None without fleet limits: one pointer).

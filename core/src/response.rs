@@ -105,7 +105,10 @@ impl<'a> Responses<'a> {
         let steered = (flow.pool != flow.home_pool)
             .then(|| (STEERING_HEADER, self.cfg.pools[flow.pool].name.clone()));
         let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
-        let told = steered.into_iter().chain(held).collect();
+        let class = held
+            .as_ref()
+            .and_then(|_| reply::hold_class(self.cfg, flow));
+        let told = steered.into_iter().chain(held).chain(class).collect();
         let scan_usage = flow.charged() && (200..300).contains(&status) && !end_of_stream;
         let governed = classify::is_governed_status(status);
         // An error the provider sent used no tokens: its reservations are given back. Envoy's

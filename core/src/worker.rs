@@ -8,7 +8,6 @@
 //! (`hold`), the fleet's answers (`fleet::ask`), what a response means (`response`), local
 //! answers (`reply`). A stream's state lives in its table (`stream`) until the stream's end.
 
-use crate::deadline;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
@@ -194,8 +193,7 @@ impl Worker {
         // A request nothing is cooling or limiting by time is decided without the clock.
         let clock = Clock::lazy(lent.clock);
         let g = &*self.gov;
-        let budget_ms = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
-        let mut flow = g.pools().flow_for(view, budget_ms);
+        let mut flow = g.pools().flow_for(view);
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             flow.hold.fix(|| clock.now()); // the stream leaves its arrival callback
@@ -381,7 +379,7 @@ impl Worker {
         let (mut flow, usage) = match stream {
             Stream::Upstream { flow, usage } => (flow, usage.and_then(|s| s.total())),
             Stream::AwaitingErrorBody { flow, .. } => (flow, None),
-            Stream::Held { .. } => return drop(holds.forget(id, &mut env)),
+            Stream::Held { .. } => return drop(holds.forget(g, id, &mut env)),
             Stream::AwaitingFleet { mut flow, ask, .. } => {
                 // Gone before the fleet answered: what it took goes back, and what the fleet
                 // reserved for it so far is released.

@@ -61,7 +61,7 @@ fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
     let hs = owned(&[("x-tenant-id", "acme")]);
     let gov = host.worker.governor();
     let fleet = gov.fleet().expect("fleet limits").clone();
-    let mut flow = gov.pools().flow_for(&view("/v1/chat/completions", &hs), 0);
+    let mut flow = gov.pools().flow_for(&view("/v1/chat/completions", &hs));
     gov.pools()
         .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
     let cfg = gov.cfg.clone();

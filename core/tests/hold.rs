@@ -143,7 +143,8 @@ fn a_slow_answers_reset_counts_from_the_release_when_it_is_a_duration() {
     // The probe goes 1,001 ms after T0 and is answered 400 ms later with nothing left. OpenAI
     // states the reset as a duration from when it took the request: the window reopens at
     // the release + 1,599 ms, not 1,599 ms after the slow answer. Anthropic states an instant.
-    let rows: [(&str, &[(&str, &str)], u64); 2] = [
+    type Row<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    let rows: [Row; 2] = [
         (
             "duration",
             &[
@@ -426,7 +427,7 @@ fn budget(cfg: &Hold, headers: RawHeaders) -> u64 {
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_vec()))
         .collect();
-    deadline::hold_budget_ms(cfg, &Headers::new(&hs))
+    deadline::hold_budget_ms(cfg, 0, &Headers::new(&hs))
 }
 
 #[test]
@@ -549,43 +550,57 @@ fn without_holding_the_first_deadline_of_a_burst_lets_clients_through() {
 }
 
 #[test]
-fn a_held_request_answered_when_its_wait_outgrows_its_deadline_is_told_its_turn() {
-    // One request a second (burst 1): the queue behind the head drains a request a second, so
-    // the n-th behind the head is told the head's wait plus n seconds, not the head's wait
-    // alone (which would send them all back at once to queue again).
+fn a_request_whose_turn_cannot_come_in_time_is_told_its_turn_at_once_one_after_another() {
+    // One request a second (burst 1): the queue drains a request a second, so a request that
+    // cannot wait for its turn is answered at once with it (the head's wait plus one second
+    // for each ahead of it), and those answered after it one second later each (they come
+    // back one after another, not all at once to queue again).
     let mut host = Host::new(
         r#"{"limits": [{"name": "rps", "key": "pool", "requests_per_minute": 60, "burst": 1}]}"#,
     );
     go(host.arrive(1, PATH, &[A]));
     let deadline = [A, ("x-envoy-expected-rq-timeout-ms", "3500")]; // 1.5 s to hold
-    for id in 2..=6 {
-        held(host.arrive(id, PATH, &deadline));
-    }
-    host.advance(1_000);
-    let out = host.tick();
-    assert_eq!(gone(&out), [2], "the head goes when its token has refilled");
-    assert_eq!(
-        answered(&out),
-        [3, 4, 5, 6],
-        "the others cannot make it in 1.5 s"
-    );
-    let told: Vec<String> = out
-        .iter()
-        .filter_map(|(_, s)| match s {
-            Step::Reply(r) => Some(header(&r.headers, "retry-after-ms").to_string()),
-            _ => None,
+    held(host.arrive(2, PATH, &deadline));
+    let told: Vec<String> = (3..=6)
+        .map(|id| {
+            let h = reply_headers(host.arrive(id, PATH, &deadline));
+            header(&h, "retry-after-ms").to_string()
         })
         .collect();
-    assert_eq!(told, ["1000", "2000", "3000", "4000"]);
-    // A request that arrives behind a queue it cannot wait through is told its place too:
-    // three ahead of it (one after the head), then its own token.
+    assert_eq!(
+        told,
+        ["2000", "3000", "4000", "5000"],
+        "behind 2, due in 1 s"
+    );
+    host.advance(1_000);
+    assert_eq!(
+        gone(&host.tick()),
+        [2],
+        "the head goes when its token has refilled"
+    );
+    // A held request whose turn slipped past its limit (the worker ticked late, say) is
+    // answered at its deadline with its turn: one ahead of it, then its own.
     held(host.arrive(7, PATH, &[A]));
     held(host.arrive(8, PATH, &[A]));
-    let h = reply_headers(host.arrive(9, PATH, &[A, ("x-envoy-expected-rq-timeout-ms", "2500")]));
+    held(host.arrive(9, PATH, &[A]));
+    held(host.arrive(10, PATH, &[A, ("x-envoy-expected-rq-timeout-ms", "6000")]));
+    host.advance(3_000);
+    assert_eq!(gone(&host.tick()), [7], "late: one token, not three");
+    host.advance(1_000);
+    let out = host.tick();
+    assert_eq!(gone(&out), [8]);
     assert_eq!(
-        header(&h, "retry-after-ms"),
-        "3000",
-        "head 7 in 1 s, then 8, then 9"
+        answered(&out),
+        [10],
+        "its 4 s are up; 9 is still ahead of it"
+    );
+    let Step::Reply(r) = &out[1].1 else {
+        panic!("a local answer");
+    };
+    assert_eq!(
+        header(&r.headers, "retry-after-ms"),
+        "2000",
+        "9 in 1 s, then 10"
     );
 }
 

@@ -2,10 +2,11 @@
 //! `Config`, or an error naming the field the way `tree` does (`limits[0].burst: ...`).
 
 use super::defaults;
+use super::matcher::match_from;
 use super::model::{err, Config, ConfigError, Fleet, Limit, LimitKind, Match, Pool, Scope};
 use super::values::{
-    int_in, positive, Bounded, ClusterName, Flag, HeaderName, KeySpec, ScopeSpec, SettleSpec,
-    StatName, Text, UncheckedInt,
+    int_in, positive, Bounded, ClusterName, Flag, KeySpec, ScopeSpec, SettleSpec, StatName,
+    UncheckedInt,
 };
 use super::wire::{ConfigDto, LimitDto, PoolDto, MAX_DURATION_MS, MAX_IN_FLIGHT, MAX_PER_MINUTE};
 
@@ -71,13 +72,7 @@ impl TryFrom<ConfigDto> for Config {
         }
         set(&mut cfg.max_keys, dto.max_keys.map(|v| v.0));
         if let Some(h) = dto.hold {
-            let c = &mut cfg.hold;
-            set(&mut c.max_ms, h.max_ms.map(|v| v.0));
-            set(&mut c.max_held, h.max_held.map(|v| v.0));
-            set(&mut c.margin_ms, h.margin_ms.map(|v| v.0));
-            if let Some(Bounded(headers)) = h.deadline_headers {
-                c.deadline_headers = headers.into_iter().map(|h| h.0).collect();
-            }
+            super::hold::hold_from(h, &mut cfg.hold)?;
         }
         if let Some(f) = dto.fleet {
             let Some(ClusterName(cluster)) = f.cluster else {
@@ -125,21 +120,9 @@ fn pool_from(dto: PoolDto, at: &str) -> Result<(Pool, Vec<String>), ConfigError>
             "\"default\" is reserved for requests that match no pool".into(),
         ));
     }
-    let mut matcher = Match::default();
-    if let Some(m) = dto.r#match {
-        matcher.path_prefix = m.path_prefix.map(|v| v.0);
-        matcher.authority = m.authority.map(|v| v.0);
-        if let Some(h) = m.header {
-            let hat = format!("{at}.match.header");
-            let Some(HeaderName(name)) = h.name else {
-                return Err(err(&format!("{hat}.name"), "is required".into()));
-            };
-            let Some(Text(value)) = h.value else {
-                return Err(err(&format!("{hat}.value"), "is required".into()));
-            };
-            matcher.header = Some((name, value));
-        }
-    }
+    let matcher = dto
+        .r#match
+        .map_or(Ok(Match::default()), |m| match_from(m, at))?;
     let pool = Pool {
         name,
         matcher,

@@ -108,8 +108,10 @@ impl StreamId for &Sent {
     }
 }
 
-/// What became of a request the test sent (or a tick let go).
+/// What became of a request the test sent (or a tick let go). (A test value, moved once or
+/// twice: its size does not matter.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Step {
     /// It went upstream.
     Go(Sent),
@@ -121,6 +123,7 @@ pub enum Step {
 
 /// What `Host::request` decided for a request that may not be held.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Decision {
     Forward(Sent),
     Reply(LocalReply),
