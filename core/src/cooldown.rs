@@ -53,10 +53,30 @@ pub struct Pace {
     pub out: u16,
     /// The last release, Unix ms.
     pub last_release_ms: u64,
-    /// Releases handed out so far (wrapping), each released request keeping its number: the
-    /// `remaining` an answer reports counts none of the releases handed out after its own,
-    /// whether they are still on their way or already answered (in any order, by any worker).
+    /// Releases handed out so far (wrapping), each released request keeping its number (its
+    /// `Ticket`): the `remaining` an answer reports counts none of the releases handed out
+    /// after its own, whether they are still on their way or already answered.
     pub seq: u16,
+}
+
+/// What a released request keeps of the pace: its number, and how many releases before it were
+/// still unanswered when it went. Those may have reached the provider after it (released by
+/// another worker in the same instant, or overtaken on the way), so its answer's `remaining`
+/// may not count them either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub seq: u16,
+    pub ahead: u16,
+}
+
+impl Ticket {
+    /// The ticket of the release `rec` records as its last.
+    pub fn of(rec: &CooldownRecord) -> Ticket {
+        Ticket {
+            seq: rec.pace.seq,
+            ahead: rec.pace.out.saturating_sub(1),
+        }
+    }
 }
 
 impl CooldownRecord {
@@ -302,9 +322,9 @@ pub enum Answer {
     Other,
 }
 
-/// The pace after the answer of a released request (`released`: the number of the release it
+/// The pace after the answer of a released request (`released`: the ticket of the release it
 /// took) or of any request while pacing.
-pub fn answered(rec: CooldownRecord, answer: Answer, released: Option<u16>) -> CooldownRecord {
+pub fn answered(rec: CooldownRecord, answer: Answer, released: Option<Ticket>) -> CooldownRecord {
     let mut p = rec.pace;
     if released.is_some() {
         p.out = p.out.saturating_sub(1);
@@ -317,12 +337,15 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: Option<u16>) -> C
         }
         Answer::Success { .. } if !p.active => {}
         Answer::Success { remaining } => {
-            // What the provider had left when it took this request, less every release
-            // handed out after it (it could not count those); a request the pace did not
-            // release, less every release still on its way.
-            let after = released.map_or(p.out, |seq| p.seq.wrapping_sub(seq));
+            // What the provider had left when it took this request, less every release it
+            // may not have counted: those handed out after it, and those still on their way
+            // when it went; for a request the pace did not release, those on their way.
+            let uncounted = match released {
+                Some(t) => p.seq.wrapping_sub(t.seq).saturating_add(t.ahead),
+                None => p.out,
+            };
             let open = match remaining.filter(|_| !p.ignore_remaining) {
-                Some(r) => r.saturating_sub(u64::from(after)),
+                Some(r) => r.saturating_sub(u64::from(uncounted)),
                 // Slow start: each success brings its own release back and one more.
                 None => u64::from(p.credits) + 2,
             };

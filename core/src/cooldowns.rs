@@ -2,7 +2,7 @@
 //! merge an answer into it.
 
 use crate::config::Config;
-use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
+use crate::cooldown::{self, Answer, CooldownRecord, Gate, Ticket, Wanted};
 use crate::env::Env;
 use crate::keys;
 use crate::keyspace;
@@ -42,18 +42,18 @@ impl<'a> Cooldowns<'a> {
         let result = keyspace::modify(env, flow.pool, &key, Some(known), None, |cur| match cur {
             Some(rec) => {
                 let (gate, write) = cooldown::pass(rec, now, paced);
-                let seq = write.map(|w| w.pace.seq);
-                (write, (gate, rec.streak, seq))
+                let ticket = write.as_ref().map(Ticket::of);
+                (write, (gate, rec.streak, ticket))
             }
             None => (None, (Gate::Open, 0, None)),
         });
-        let Some((gate, streak, seq)) = result else {
+        let Some((gate, streak, ticket)) = result else {
             return Gate::Open;
         };
         flow.streak = streak;
-        flow.released = seq
+        flow.released = ticket
             .filter(|_| gate == Gate::Released)
-            .map(|seq| Release { seq, at_ms: now });
+            .map(|ticket| Release { ticket, at_ms: now });
         gate
     }
 
@@ -96,7 +96,7 @@ impl<'a> Cooldowns<'a> {
         let key = self.key(flow);
         keyspace::modify(env, flow.pool, &key, None, None, |cur| {
             (
-                cur.map(|r| cooldown::answered(r, answer, Some(release.seq))),
+                cur.map(|r| cooldown::answered(r, answer, Some(release.ticket))),
                 (),
             )
         });
@@ -113,7 +113,7 @@ impl<'a> Cooldowns<'a> {
         answer: Answer,
         env: &mut Env,
     ) -> bool {
-        let released = flow.released.take().map(|r| r.seq);
+        let released = flow.released.take().map(|r| r.ticket);
         let key = self.key(flow);
         if !keyspace::key_exists_or_admit(
             self.cfg.max_keys,

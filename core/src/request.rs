@@ -4,6 +4,7 @@
 //! the jobs that fill it live in their own modules (`pools`, `admission`, `limits`, `fleet`).
 
 use crate::classify::Dialect;
+use crate::cooldown::Ticket;
 use crate::estimate::Estimate;
 use crate::headers::Headers;
 use crate::inflight::Slot;
@@ -100,8 +101,8 @@ pub struct Charge {
 /// A release of the pace after a cooldown, as the request that took it keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Release {
-    /// Its number in the pace's count of releases (`cooldown::Pace::seq`).
-    pub seq: u16,
+    /// Its place among the pace's releases.
+    pub ticket: Ticket,
     /// When it was handed out, Unix ms.
     pub at_ms: u64,
 }

@@ -95,3 +95,32 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
         "6 left, 6 on their way: nothing fits: {more:?}"
     );
 }
+
+#[test]
+fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
+    // The probe's answer leaves room for four; the four leave together. The provider takes
+    // the last one released first (another worker's, overtaking on the way): its answer says
+    // 3 left, but the other three took them. Counting only the releases after it, the pace
+    // opened three more (three 429s in a storm with a 500 ms latency); it opens none.
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(CFG), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    for i in 0..10 {
+        ws.request(i % 2, &[A]);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    let (w, id) = probe[0];
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "4")], "");
+    let burst = ws.tick();
+    assert_eq!(burst.len(), 4);
+    let (w, id) = burst[3];
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "3")], "");
+    let more = ws.tick();
+    assert!(
+        more.is_empty(),
+        "the other three took what it saw left: {more:?}"
+    );
+}
