@@ -120,9 +120,35 @@ def cell(rows: list, figure: str, fmt: str) -> str:
     return f"{show(lo)} – {show(hi)} ({show(statistics.median(values))})"
 
 
+# Tenant storms (issue 33): per tenant, then the provider.
+TENANT_FIGURES = [
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("p50 wait", "p50_wait_ms", "{:,.0f} ms"),
+    ("p95 wait", "p95_wait_ms", "{:,.0f} ms"),
+    ("local 429s", "local_429s", "{:.0f}"),
+]
+PROVIDER_FIGURES = [
+    ("provider admissions / s", "admitted_per_s", "{:.2f}"),
+    ("pace used", "pace_used", "{:.0%}"),
+    ("provider 429s after 1 s", "provider_429s_after_1s", "{:.0f}"),
+]
+
+
+def tenant_columns(rows: list) -> list:
+    """The tenant storm's columns, its tenants' figures flattened into each row."""
+    names = list(dict.fromkeys(n for r in rows for n in r.get("tenants", {})))
+    for r in rows:
+        for name, figures in r.get("tenants", {}).items():
+            r.update({f"{name}_{k}": v for k, v in figures.items()})
+    return [(f"{n} {h}", f"{n}_{f}", fmt) for n in names for h, f, fmt in TENANT_FIGURES] + PROVIDER_FIGURES
+
+
 def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
-    if any("backup_requests" in r for r in rows):
+    if any("tenants" in r for r in rows):
+        columns = tenant_columns(rows)
+    elif any("backup_requests" in r for r in rows):
         columns = FAILOVER_COLUMNS
     elif any("token_429s" in r for r in rows):
         columns = TPM_COLUMNS
@@ -215,6 +241,14 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup, art
                          f"after its first wave of {r['primary_first_wave']}; backup {r['backup_requests']} req, "
                          f"{r['backup_429s']} 429s, {r['backup_late_429s']} after its first wave of "
                          f"{r['backup_first_wave']}; {r['backup_ok']} served by backup]")
+            if "tenants" in r:
+                each = ", ".join(f"{n}: {t['completed']}/{t['calls']} done, p50 {t['p50_wait_ms']} ms, p95 "
+                                 f"{t['p95_wait_ms']} ms, {t['local_429s']} local 429s"
+                                 for n, t in r["tenants"].items())
+                print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {each}; provider {r['admitted_per_s']}/s "
+                      f"({r['pace_used']:.0%} of its pace), {r['provider_429s_after_1s']} 429s after 1 s "
+                      f"[{time.time() - t:.1f}s]", flush=True)
+                continue
             if "token_429s" in r:
                 print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']} of {r['calls']} calls "
                       f"completed, {r['upstream_requests']} provider requests, {r['token_429s']} token 429s "

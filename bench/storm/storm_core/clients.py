@@ -37,6 +37,7 @@ class CallResult:
     end_ms: float
     error: str = ""
     attempts: list = field(default_factory=list)
+    tenant: str = ""
 
 
 class Clock:
@@ -309,6 +310,56 @@ class LoopClients(SdkClients):
             call += 1
 
 
+class TenantClients:
+    """The tenants of `storm.tenants` (scenarios.Tenant), one `openai.AsyncOpenAI` per client
+    (its tenant's timeout and `x-tenant-id`, the SDK's default retries, its own connection),
+    each calling again and again until `storm.duration_s`, pausing its tenant's `think_s` after
+    each call. `extra_body(tenant)`, when the gateway needs one (LiteLLM's priority), is sent
+    with every call. A response hook records every answer."""
+
+    def __init__(self, storm: Storm, base_url: str, api_key: str, clock: Clock, extra_body=None):
+        import openai
+
+        self.storm, self.clock = storm, clock
+        self.tenant = [t for t in storm.tenants for _ in range(t.clients)]
+        self.extra = [extra_body(t) if extra_body else None for t in self.tenant]
+        self.warming = True
+        self.current: list = [[] for _ in self.tenant]
+        self.clients = [
+            openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, timeout=t.timeout_s,
+                default_headers={"x-tenant-id": t.name},
+                http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
+            )
+            for i, t in enumerate(self.tenant)
+        ]
+
+    _hook = SdkClients._hook
+    prepare = SdkClients.prepare
+    close = SdkClients.close
+
+    async def run(self, i: int, go: asyncio.Event, results: list) -> None:
+        await go.wait()
+        tenant, call = self.tenant[i], 0
+        while self.clock.now_ms() < self.storm.duration_s * 1000:
+            self.current[i] = attempts = []
+            start = self.clock.now_ms()
+            try:
+                await self.clients[i].chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                              extra_body=self.extra[i])
+                ok, error = True, ""
+            except asyncio.CancelledError:
+                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts,
+                                             tenant.name))
+                raise
+            except Exception as err:  # noqa: BLE001 - every failure is a data point
+                ok, error = False, type(err).__name__
+            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts, tenant.name))
+            call += 1
+            if tenant.think_s:
+                await asyncio.sleep(tenant.think_s)
+
+
 class ScheduledClients:
     """Raw clients making at most `max_attempts` attempts inside `budget_ms`, on the published
     fixed schedule ("fixed") or obeying the hint as the SDKs read it ("obey")."""
@@ -369,12 +420,15 @@ class ScheduledClients:
 
 
 async def run_clients(storm: Storm, base_url: str, api_key: str, clock: Clock,
-                      on_release: Callable[[], None]) -> list:
+                      on_release: Callable[[], None], extra_body=None) -> list:
     """Releases every client at once (on_release runs just before t = 0) and returns one
     CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"
     (a "loop" storm has no fixed number of calls: only the one each client was making)."""
-    kind = {"sdk": SdkClients, "loop": LoopClients}.get(storm.client_kind, ScheduledClients)
-    clients = kind(storm, base_url, api_key, clock)
+    if storm.client_kind == "tenants":
+        clients = TenantClients(storm, base_url, api_key, clock, extra_body)
+    else:
+        kind = {"sdk": SdkClients, "loop": LoopClients}.get(storm.client_kind, ScheduledClients)
+        clients = kind(storm, base_url, api_key, clock)
     await clients.prepare()
     results: list = [[] for _ in range(storm.clients)]
     go = asyncio.Event()

@@ -48,6 +48,14 @@ GOVERNOR_CONFIGS = {
     "e-tpm-after": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=False)]},
     # The limit as a user writes it: reserve and settle left to their defaults (auto).
     "e-tpm-default": {"pools": POOLS, "limits": [TPM_LIMIT]},
+    # Issue 33: releases shared by tenant, and tenants in classes of their own (the operator
+    # names the chat tenant interactive by its header; everything else is batch).
+    "e-fair": {"pools": POOLS, "hold": {"fair_key": "header:x-tenant-id"}},
+    "e-classes": {"pools": POOLS, "hold": {"fair_key": "header:x-tenant-id", "classes": [
+        {"name": "interactive", "match": {"header": {"name": "x-tenant-id", "value": "chat"}},
+         "weight": 4, "max_ms": 10_000},
+        {"name": "batch", "weight": 1, "max_ms": 120_000},
+    ]}},
 }
 # (e-fo): the same pool with a fallback pool (README "Failover"), reached only by steering; its
 # account is the label of the credential Envoy injects on the fallback route.
@@ -73,6 +81,8 @@ CONFIG_NAMES = {
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
+    "e-fair": "Envoy + llm-governor, hold.fair_key: header:x-tenant-id",
+    "e-classes": "Envoy + llm-governor, fair_key and classes (interactive weight 4, batch 1)",
     "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve (settle: usage)",
     "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation (what auto, the default, does for OpenAI)",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
@@ -131,6 +141,8 @@ class GatewayUnavailable(RuntimeError):
 class Gateway:
     key = ""
     artifact: Optional[str] = None  # "wasm" or "native" for llm-governor's configurations
+    # What a "tenants" client adds to every request body, by tenant (None: nothing).
+    extra_body = None
 
     @property
     def name(self) -> str:

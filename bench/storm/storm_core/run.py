@@ -49,7 +49,8 @@ def run_storm(storm: Storm, gateway: Gateway, sim: Simulator, backup: Optional[S
         post(0, storm.phases[0].scenario)
 
     async def main() -> list:
-        clients = asyncio.create_task(run_clients(storm, gateway.base_url(), client_key, clock, release))
+        clients = asyncio.create_task(run_clients(storm, gateway.base_url(), client_key, clock, release,
+                                                  gateway.extra_body))
         if later:
             started = asyncio.create_task(clock.started.wait())
             await asyncio.wait([clients, started], return_when=asyncio.FIRST_COMPLETED)

@@ -81,6 +81,9 @@ class Storm:
     tpm_tokens: Optional[int] = None
     # "sdk" clients: client i starts i/clients of this many ms after t = 0 (0: all at once).
     start_spread_ms: float = 0.0
+    # "tenants" clients: groups of SDK clients of one account, each group with its own headers,
+    # timeout and pause between calls, all calling in a loop until `duration_s` (issue 33).
+    tenants: tuple = ()
 
     @property
     def calls(self) -> int:
@@ -285,6 +288,45 @@ FLEET_COOLDOWN = Storm(
 )
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """A group of SDK clients behind one gateway, on the run's one account: `clients` of them,
+    each calling again and again (its `think_s` pause after each answer, then the next call)
+    with `x-tenant-id: <name>`, the SDK's `timeout_s` (sent as `x-stainless-timeout`) and its
+    default retries. `priority` is what LiteLLM's scheduler is asked for (lower goes first)."""
+
+    name: str
+    clients: int
+    timeout_s: float
+    think_s: float = 0.0
+    priority: int = 0
+
+
+# Issue 33, "noisy neighbour": one account whose provider admits 10 requests per 2 s (a sliding
+# window that counts rejected requests too, so 5 a second at most), a batch tenant of 40 SDK
+# clients with long timeouts (the SDK's 600 s) calling back to back, and a chat tenant of 4
+# clients with 15 s timeouts, each reading its answer for a second before the next question.
+# 40 s of calls; every figure per tenant, and the provider's admissions per second.
+NOISY_LIMIT = {"requests": 10, "window_ms": 2000}
+NOISY_LAT = 500
+NOISY_CONFIGS = ("e", "e-fair", "e-classes", "d-prio")
+NOISY = Storm(
+    name="noisy-neighbour",
+    title="noisy neighbour (issue 33): one account, provider 10 req / 2 s; batch 40 SDK clients "
+          "(600 s timeout) back to back, chat 4 SDK clients (15 s timeout, 1 s between calls); 40 s",
+    clients=44,
+    phases=[Phase({"limit": NOISY_LIMIT, "latency_ms": NOISY_LAT})],
+    client_kind="tenants",
+    calls_per_client=0,
+    duration_s=40.0,
+    tenants=(Tenant("batch", 40, timeout_s=600.0, priority=1),
+             Tenant("chat", 4, timeout_s=15.0, think_s=1.0, priority=0)),
+    configs=NOISY_CONFIGS,
+    run_timeout_s=40.0 + 60.0,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -313,5 +355,6 @@ SCENARIOS = {
     "fleet": lambda: [FLEET],
     "fleet-cooldown": lambda: [FLEET_COOLDOWN],
     "tpm-full": lambda: [TPM_FULL],
+    "noisy-neighbour": lambda: [NOISY],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
