@@ -8,7 +8,7 @@ mod common;
 use common::provider::{A, B, PATH, QUOTA, RL};
 use common::reactions::set_headers;
 use common::Step;
-use common::{answered, cool, flows, go, gone, header, Host};
+use common::{answered, cool, flows, go, gone, header, tick_all, Host};
 use llm_governor_core::config::Hold;
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::deadline;
@@ -67,11 +67,11 @@ fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
         held_ms,
         "told it was held"
     );
-    let next = host.tick();
+    let next = tick_all(&mut host);
     assert_eq!(
         gone(&next),
         [2, 3],
-        "remaining 2: two more, in arrival order"
+        "remaining 2: two more, in arrival order, one a tick"
     );
     assert!(host.tick().is_empty());
     assert_eq!(host.metrics.count_of(0, Counter::HoldReleased), 3);
@@ -88,7 +88,7 @@ fn without_a_remaining_header_releases_double_with_each_success() {
     host.advance(1_000 + GRAIN);
     let mut rounds = Vec::new();
     for _ in 0..4 {
-        let out = flows(host.tick());
+        let out = flows(tick_all(&mut host));
         rounds.push(out.iter().map(|(id, _)| *id).collect::<Vec<_>>());
         for (_, f) in out {
             host.respond(&f, 200, &[], "");
@@ -132,7 +132,7 @@ fn releases_that_trickle_one_at_a_time_open_what_a_freed_window_says_again() {
         "",
     );
     assert_eq!(
-        gone(&host.tick()),
+        gone(&tick_all(&mut host)),
         [3, 4, 5, 6, 7, 8, 9, 10],
         "the window freed: eight"
     );
@@ -514,7 +514,7 @@ fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_r
         &[("x-ratelimit-remaining-requests", "59")],
         "",
     );
-    assert_eq!(gone(&host.tick()), [2, 3], "two, not all seven");
+    assert_eq!(gone(&tick_all(&mut host)), [2, 3], "two, not all seven");
 }
 
 #[test]
@@ -627,7 +627,7 @@ fn after_a_cooldown_the_pace_reads_anthropics_remaining_requests_too() {
         "",
     );
     assert_eq!(
-        gone(&host.tick()),
+        gone(&tick_all(&mut host)),
         [2, 3, 4],
         "Anthropic's remaining 3: three more"
     );
@@ -665,7 +665,7 @@ fn after_a_cooldown_the_pace_releases_what_the_remaining_tokens_hold_for_a_reque
         "",
     );
     assert_eq!(
-        gone(&host.tick()),
+        gone(&tick_all(&mut host)),
         [2, 3],
         "tokens for two more of this size"
     );

@@ -9,7 +9,7 @@ mod common;
 
 use common::provider::{A, PATH};
 use common::reactions::set_headers;
-use common::{answered, cool, flows, go, gone, header, Host, Step};
+use common::{answered, cool, flows, go, gone, header, tick_all, Host, Step};
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::metrics::{ClassStat, Counter, Gauge};
 
@@ -57,7 +57,7 @@ fn release_order(config: &str, arrivals: &[(u32, &str)]) -> Vec<u32> {
         "",
     );
     let mut order = vec![probe[0].0];
-    order.extend(gone(&host.tick()));
+    order.extend(gone(&tick_all(&mut host)));
     order
 }
 

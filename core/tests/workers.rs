@@ -44,7 +44,7 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
         ],
         "",
     );
-    let next = ws.tick();
+    let next = ws.tick_all();
     assert_eq!(next.len(), 3, "the provider said 3 fit: {next:?}");
     // Two of them answer at once, still with room (remaining counts down as they land).
     for (i, &(w, id)) in next.iter().enumerate().take(2) {
@@ -60,7 +60,7 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
             "",
         );
     }
-    let more = ws.tick();
+    let more = ws.tick_all();
     assert!(
         more.is_empty(),
         "the third is still on its way and nothing else fits: {more:?}"
@@ -81,7 +81,7 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
     let (w, id) = probe[0];
     ws.clock.advance(5);
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "9")], "");
-    let released = ws.tick();
+    let released = ws.tick_all();
     assert_eq!(released.len(), 9);
     // The provider took the first three released (9 -> 8, 7, 6 left), the other six are on
     // their way; the workers read the three answers newest first.
@@ -89,7 +89,7 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
         let (w, id) = released[k];
         ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", left)], "");
     }
-    let more = ws.tick();
+    let more = ws.tick_all();
     assert!(
         more.is_empty(),
         "6 left, 6 on their way: nothing fits: {more:?}"
@@ -114,7 +114,7 @@ fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
     let (w, id) = probe[0];
     ws.clock.advance(5);
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "4")], "");
-    let burst = ws.tick();
+    let burst = ws.tick_all();
     assert_eq!(burst.len(), 4);
     let (w, id) = burst[3];
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "3")], "");
@@ -122,5 +122,48 @@ fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
     assert!(
         more.is_empty(),
         "the other three took what it saw left: {more:?}"
+    );
+}
+
+#[test]
+fn each_worker_holding_requests_takes_its_share_of_a_round_in_its_own_order() {
+    // Worker 0 holds batch requests only, worker 1 batch and chat ones. A round of six goes one
+    // release per worker and tick: three each, worker 1's taking turns between its tenants
+    // (fair key). The first worker to tick used to take the whole round.
+    let cfg = r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}],
+                  "hold": {"fair_key": "header:x-tenant-id"}}"#;
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(cfg), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    let batch = [A, ("x-tenant-id", "batch")];
+    let chat = [A, ("x-tenant-id", "chat")];
+    let mut tenant = std::collections::HashMap::new();
+    for _ in 0..8 {
+        let (id, _) = ws.request(0, &batch);
+        tenant.insert((0, id), "batch");
+    }
+    for t in [&batch, &batch, &chat, &chat] {
+        let (id, _) = ws.request(1, t);
+        tenant.insert((1, id), t[1].1);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    assert_eq!(probe.len(), 1);
+    let (w, id) = probe[0];
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
+    let round = ws.tick_all();
+    assert_eq!(round.len(), 6);
+    assert_eq!(w, 0, "the probe: worker 0's first");
+    let on_1: Vec<&str> = round
+        .iter()
+        .filter(|(w, _)| *w == 1)
+        .map(|k| tenant[k])
+        .collect();
+    assert_eq!(
+        on_1,
+        ["batch", "chat", "batch"],
+        "worker 1's share: {round:?}"
     );
 }

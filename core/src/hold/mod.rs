@@ -298,12 +298,16 @@ fn release(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec
             Ok(()) => {
                 // A request costs its turn 1, or its reservation when a token budget held it.
                 let cost = admission.cost_at(&head.blocked, &head.flow);
+                let paced = head.flow.released.is_some();
                 if let Some(h) = q.release(p, cost, now) {
                     out.push(released(gov, h, now, env));
                 }
-                if fleet_refused {
-                    // Only the fleet knows whether its budget has room again: one request
-                    // asks it, the rest wait for a tick after its answer.
+                // Only the fleet knows whether its budget has room again: one request asks
+                // it, the rest wait for a tick after its answer. And one release of the shared
+                // pace per tick: every worker holding requests of this (pool, account) takes
+                // its share of a round in turn, each in its own queue's order (the first to
+                // tick took the whole round, and a worker's held requests waited rounds).
+                if fleet_refused || paced {
                     break;
                 }
             }

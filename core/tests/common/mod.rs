@@ -525,6 +525,19 @@ pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("missing header {name}"))
 }
 
+/// Tick at the same moment until a tick lets nothing go (a worker lets one release of the
+/// pace go per (pool, account) and tick): everything that left, in order.
+pub fn tick_all(host: &mut Host) -> Vec<(u32, Step)> {
+    let mut all = Vec::new();
+    loop {
+        let out = host.tick();
+        if out.is_empty() {
+            return all;
+        }
+        all.extend(out);
+    }
+}
+
 /// The ids of the requests a tick let go, in order.
 pub fn gone(left: &[(u32, Step)]) -> Vec<u32> {
     left.iter()

@@ -172,6 +172,19 @@ impl<'s, S: SharedStore + Sync> Workers<'s, S> {
         out
     }
 
+    /// Tick every worker, in turn, until a round of ticks lets nothing go (each worker lets
+    /// one release of the pace go per (pool, account) and tick): everything that left.
+    pub fn tick_all(&mut self) -> Vec<(usize, u32)> {
+        let mut all = Vec::new();
+        loop {
+            let out = self.tick();
+            if out.is_empty() {
+                return all;
+            }
+            all.extend(out);
+        }
+    }
+
     /// `f` for every worker, each in a thread of its own, all at once, over the shared store
     /// and clock: what it returned, in the workers' order.
     pub fn in_threads<T: Send>(
