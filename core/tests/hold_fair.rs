@@ -322,7 +322,7 @@ fn class_stats_count_held_released_and_answered_requests_and_the_gauge_returns_t
         &[("x-ratelimit-remaining-requests", "1")],
         "",
     );
-    assert_eq!(gone(&host.tick()), [2]);
+    assert_eq!(gone(&tick_all(&mut host)), [2]);
     host.end(3);
     let m = &host.metrics;
     let rows = [

@@ -51,6 +51,15 @@ impl Wait {
         }
     }
 
+    /// A wait asked about again at `check_ms`, whatever it says.
+    pub(crate) fn until(blocked: Blocked, now: u64, check_ms: u64) -> Wait {
+        Wait {
+            blocked,
+            at_ms: now,
+            check_ms,
+        }
+    }
+
     /// The wait as it stands at `now`.
     pub(crate) fn at(&self, now: u64) -> Blocked {
         self.blocked.aged(now.saturating_sub(self.at_ms))

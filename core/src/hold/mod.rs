@@ -12,6 +12,7 @@ mod fair;
 
 use crate::blocked::Blocked;
 use crate::config::LimitKey;
+use crate::effects::TICK_MS;
 use crate::env::Env;
 use crate::metrics::{ClassStat, Counter, Gauge, Histogram, Write};
 use crate::policy::Governor;
@@ -306,7 +307,15 @@ fn release(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec
                 // it, the rest wait for a tick after its answer. And one release of the shared
                 // pace per tick: every worker holding requests of this (pool, account) takes
                 // its share of a round in turn, each in its own queue's order (the first to
-                // tick took the whole round, and a worker's held requests waited rounds).
+                // tick took the whole round, and a worker's held requests waited rounds; a
+                // native worker, ticked at once after the answer that opened a round, took
+                // nearly all of them).
+                if paced {
+                    let next = Blocked::Paced {
+                        retry_in_ms: TICK_MS,
+                    };
+                    q.wait = Some(Wait::until(next, now, now.saturating_add(TICK_MS)));
+                }
                 if fleet_refused || paced {
                     break;
                 }

@@ -15,6 +15,7 @@ use reactions::{told, Told};
 
 use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
+use llm_governor_core::effects::TICK_MS;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::lease::Leases;
@@ -525,11 +526,12 @@ pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("missing header {name}"))
 }
 
-/// Tick at the same moment until a tick lets nothing go (a worker lets one release of the
-/// pace go per (pool, account) and tick): everything that left, in order.
+/// Tick now, then every `TICK_MS` until a tick lets nothing go (a worker lets one release of
+/// the pace go per (pool, account) and tick): everything that left, in order.
 pub fn tick_all(host: &mut Host) -> Vec<(u32, Step)> {
-    let mut all = Vec::new();
+    let mut all = host.tick();
     loop {
+        host.advance(TICK_MS);
         let out = host.tick();
         if out.is_empty() {
             return all;

@@ -172,11 +172,12 @@ impl<'s, S: SharedStore + Sync> Workers<'s, S> {
         out
     }
 
-    /// Tick every worker, in turn, until a round of ticks lets nothing go (each worker lets
-    /// one release of the pace go per (pool, account) and tick): everything that left.
+    /// Tick every worker now, then every `TICK_MS`, until a round of ticks lets nothing go
+    /// (each worker lets one release of the pace go per (pool, account) and tick).
     pub fn tick_all(&mut self) -> Vec<(usize, u32)> {
-        let mut all = Vec::new();
+        let mut all = self.tick();
         loop {
+            self.clock.advance(llm_governor_core::effects::TICK_MS);
             let out = self.tick();
             if out.is_empty() {
                 return all;
