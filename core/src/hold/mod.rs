@@ -124,10 +124,10 @@ impl Holds {
     /// release after the last one of its class told so (who come back one after another, and
     /// not all into the same instant).
     fn shed(&mut self, key: &QueueKey, class: usize, turn: Turn, now: u64) -> Blocked {
-        let (Some(queue), Some(expect)) = (self.queues.get_mut(key), turn.expect_ms) else {
+        let (Some(queue), Some(told)) = (self.queues.get_mut(key), turn.told_ms) else {
             return turn.told;
         };
-        let at = now.saturating_add(expect);
+        let at = now.saturating_add(told);
         let next = queue.promised(class).saturating_add(turn.step_ms);
         let later = next.saturating_sub(at);
         queue.promise(class, at + later);
@@ -371,17 +371,21 @@ fn expire(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec<
     }
 }
 
-/// When the turn of a request comes: what to tell it, how long it expects to wait (None: until
-/// an event, as for a full cap) and how long one more release takes.
+/// When the turn of a request comes: what to tell it, how long it waits at least (None: until
+/// an event, as for a full cap, or the pace's next answer) and how long one more release takes.
 struct Turn {
     told: Blocked,
+    /// The wait `told` says, when it says one.
+    told_ms: Option<u64>,
     expect_ms: Option<u64>,
     step_ms: u64,
 }
 
 /// The turn of a request (of class, value, at its place in its value): the wait of the gate,
-/// then the releases that go before it, at the rate the gate refills (a bucket), or at the
-/// pace this queue's releases came at lately (none seen yet: the gate's wait alone).
+/// then the releases that go before it, at the rate the gate refills (a bucket: known, so a
+/// request that cannot wait that long is answered at once), or at the pace this queue's
+/// releases came at lately (what it is told; none seen yet: the gate's wait alone). Nothing
+/// foretells the pace's next releases: behind it, only the gate's own wait is sure.
 fn turn(
     gov: &Governor,
     q: &Queue,
@@ -408,24 +412,18 @@ fn turn(
         let step_ms = step_ms.saturating_sub(blocked.wait_ms().unwrap_or(0));
         return Turn {
             told,
+            told_ms: told.wait_ms(),
             expect_ms: told.wait_ms(),
             step_ms,
         };
     }
-    match q.ms_per_release(now) {
-        Some(ms) => {
-            let extra = count.saturating_mul(ms);
-            Turn {
-                told: blocked.later(extra),
-                expect_ms: Some(blocked.wait_ms().unwrap_or(0).saturating_add(extra)),
-                step_ms: ms,
-            }
-        }
-        None => Turn {
-            told: blocked,
-            expect_ms: blocked.wait_ms(),
-            step_ms: 0,
-        },
+    let ms = q.ms_per_release(now);
+    let extra = count.saturating_mul(ms.unwrap_or(0));
+    Turn {
+        told: blocked.later(extra),
+        told_ms: Some(blocked.wait_ms().unwrap_or(0).saturating_add(extra)),
+        expect_ms: blocked.wait_ms(),
+        step_ms: ms.unwrap_or(0),
     }
 }
 
