@@ -198,15 +198,19 @@ pub enum ClassStat {
     HeldRequests,
     /// How long held requests of the class were held.
     HoldMs,
+    /// The class's longest hold (its `max_ms`), set when one of its requests is held: what
+    /// `HoldMs` is read against.
+    HoldLimitMs,
 }
 
 impl ClassStat {
-    pub const ALL: [ClassStat; 5] = [
+    pub const ALL: [ClassStat; 6] = [
         ClassStat::Held,
         ClassStat::Released,
         ClassStat::Expired,
         ClassStat::HeldRequests,
         ClassStat::HoldMs,
+        ClassStat::HoldLimitMs,
     ];
 
     pub fn index(self) -> usize {
@@ -221,12 +225,13 @@ impl ClassStat {
             ClassStat::Expired => Counter::HoldExpired.name(),
             ClassStat::HeldRequests => Gauge::HeldRequests.name(),
             ClassStat::HoldMs => Histogram::HoldMs.name(),
+            ClassStat::HoldLimitMs => "hold_limit_ms",
         }
     }
 
     pub fn kind(self) -> Kind {
         match self {
-            ClassStat::HeldRequests => Kind::Gauge,
+            ClassStat::HeldRequests | ClassStat::HoldLimitMs => Kind::Gauge,
             ClassStat::HoldMs => Kind::Histogram,
             _ => Kind::Counter,
         }
@@ -240,6 +245,7 @@ impl ClassStat {
             ClassStat::Expired => "llm_governor.class_hold_expired",
             ClassStat::HeldRequests => "llm_governor.class_held_requests",
             ClassStat::HoldMs => "llm_governor.class_hold_ms",
+            ClassStat::HoldLimitMs => "llm_governor.class_hold_limit_ms",
         }
     }
 }

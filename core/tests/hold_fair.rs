@@ -11,7 +11,7 @@ use common::provider::{A, PATH};
 use common::reactions::set_headers;
 use common::{answered, cool, flows, go, gone, header, tick_all, Host, Step};
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
-use llm_governor_core::metrics::{ClassStat, Counter, Gauge};
+use llm_governor_core::metrics::{ClassStat, Counter, Gauge, Write};
 
 const POOLS: &str = r#""pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}]"#;
 
@@ -341,6 +341,15 @@ fn class_stats_count_held_released_and_answered_requests_and_the_gauge_returns_t
     }
     assert_eq!(m.sum(0, Gauge::HeldRequests), 0);
     assert_eq!(m.count_of(0, Counter::HoldReleased), 2);
+    // Each class's longest hold, set as its requests are held: what its hold time reads against.
+    let limits: Vec<(usize, Write)> = m
+        .classes
+        .iter()
+        .filter(|(_, _, s, _)| *s == ClassStat::HoldLimitMs)
+        .map(|(_, c, _, w)| (*c, *w))
+        .collect();
+    let ten_s = Write::Set(10_000);
+    assert_eq!(limits, [(chat, ten_s), (batch, ten_s), (batch, ten_s)]);
 }
 
 #[test]

@@ -190,6 +190,12 @@ impl Holds {
         let class = flow.hold_class;
         if before.is_none() {
             count(gov, &flow, Counter::Held, ClassStat::Held, env);
+            if gov.cfg.hold.classes.len() > 1 {
+                let limit = gov.cfg.hold.max_ms_of(class);
+                let write = Write::Set(limit);
+                let stat = ClassStat::HoldLimitMs;
+                env.metrics.class(flow.home_pool, class, stat, write);
+            }
         }
         moved(gov, &flow, 1, env);
         self.held += 1;
