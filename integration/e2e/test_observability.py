@@ -647,14 +647,20 @@ def exported_names(envoy: Envoy) -> set:
     return names
 
 
-def test_alert_rules_use_series_envoy_exports(sim, governor):
+def test_alert_rules_use_series_envoy_exports(sim, governor, envoy_factory):
     # The rules read both builds' series (`<wasm> or <native>`): those of the artifact under
     # test must be ones its Envoy exports, with, for native, the second label's value each
     # selects (class="rate_limited"); the other build's are test_alerts.py's business.
     # Envoy creates per-response-class cluster stats on first use (and the native module its
-    # labelled stats on its first stream).
+    # labelled stats on its first stream). The class stats come from a gateway with
+    # hold.classes that held one request (a native histogram appears with its first sample).
     assert post(governor, new_key(), "openai").status_code == 200
-    names = exported_names(governor)
+    classes = envoy_factory(CLASS_CONFIG, concurrency=1, stats_flush_interval="1s")
+    key = new_key()
+    cool(sim, classes, key, 1)
+    assert post(classes, key, "openai", headers={"x-tenant-id": "chat"}).headers.get("x-llm-governor-held-ms")
+    assert wait_for(lambda: any("class_hold_ms_bucket" in n for n in exported_names(classes)), 5)
+    names = exported_names(governor) | exported_names(classes)
     text = ALERTS.read_text()
     label_names = {"envoy_cluster_name", "envoy_response_code_class", "envoy_response_code"}
     own, other = ((NATIVE_PROMETHEUS_PREFIX, WASM_PROMETHEUS_PREFIX) if NATIVE

@@ -216,6 +216,7 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         })
     if storm.tenants:
         out.update(tenant_figures(storm, results, up))
+        out["provider_log"] = _log(entries, t0_unix_ms)
     if storm.tpm_tokens:
         out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))
     if storm.schedule_min_ms:

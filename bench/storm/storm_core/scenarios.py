@@ -308,7 +308,7 @@ class Tenant:
 # clients with 15 s timeouts, each reading its answer for a second before the next question.
 # 40 s of calls; every figure per tenant, and the provider's admissions per second.
 NOISY_LIMIT = {"requests": 10, "window_ms": 2000}
-NOISY_LAT = 500
+NOISY_LAT = 200
 NOISY_CONFIGS = ("e", "e-fair", "e-classes", "d-prio")
 NOISY = Storm(
     name="noisy-neighbour",
