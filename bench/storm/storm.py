@@ -21,6 +21,12 @@ same with `settle: "reservation"`, (e-tpm-after) charging after the response (`r
 (a) and (d). The fleet storms (issue 21: fleet, fleet-cooldown) run three Envoys behind a
 60/30/10 balancer (x-once, x-split, x-fleet, x-fleet-m, x-fleet-free) and (x-litellm) three
 LiteLLM proxies sharing the deployment's rpm/tpm on one Redis behind the same balancer.
+The noisy-neighbour storms (issue 33: noisy-neighbour, noisy-neighbour-slow; one account whose
+provider admits 10 requests per 2 s, a batch tenant of 40 SDK clients calling back to back, a
+chat tenant of 4) run (e) arrival order, (e-fair) `hold.fair_key: header:x-tenant-id`,
+(e-classes) the fair key and classes (chat interactive, weight 4; batch 120 s holds) and
+(d-prio) LiteLLM's priority scheduler (chat priority 0, batch 1), per tenant: completed, p50 /
+p95 wait, local 429s, and the provider's admissions per second.
 `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and docs/benchmarks-history.md. Writes bench/out/storm/results.json and

@@ -69,7 +69,7 @@ FAILOVER_CONFIGS = {"e-fo": {"pools": FAILOVER_POOLS}}
 BACKUP_KEY = "sk-storm-backup-injected"
 # The filter's gauges (README "Stats"): not summed over a storm.
 GAUGES = ("remaining_", "limit_", "reset_", "held_requests", "in_flight")
-LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None}
+LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None, "d-prio": None}
 
 CONFIG_NAMES = {
     "a": "no gateway",
@@ -78,6 +78,7 @@ CONFIG_NAMES = {
     "d": "LiteLLM num_retries=3",
     "d-cap": "LiteLLM num_retries=3, max_parallel_requests=8",
     "d-fo": "LiteLLM num_retries=3, two deployments of one model",
+    "d-prio": "LiteLLM num_retries=3, priority scheduler (chat 0, batch 1), deployment rpm 300",
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
@@ -290,6 +291,14 @@ class LiteLLMGateway(Gateway):
         self.max_parallel = LITELLM_MAX_PARALLEL.get(key)
         self.deployment = dict(deployment or {})
         self.router_settings = dict(router_settings or {})
+        if key == "d-prio":
+            # LiteLLM's scheduler (docs/scheduler.md): a request with `priority` in its body
+            # waits in the model group's queue, polled every polling_interval, until a
+            # deployment is healthy or it tops the queue (lower goes first). The deployment
+            # states the provider's rate (10 per 2 s) so the router can know it is full.
+            self.deployment.setdefault("rpm", 300)
+            self.router_settings.setdefault("polling_interval", 0.03)
+            self.extra_body = lambda tenant: {"priority": tenant.priority}
         self.ready_timeout_s = ready_timeout_s
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0

@@ -142,8 +142,15 @@ impl Queue {
     }
 
     /// Hold `h`, of class `class` (its `weight`) and fair-key value `id`: last of its value,
-    /// or first when it was held before (it keeps its place).
-    pub(crate) fn push(&mut self, h: Held, class: usize, weight: u64, id: u64, first: bool) {
+    /// or first when it was held before (it keeps its place). Where it is now.
+    pub(crate) fn push(
+        &mut self,
+        h: Held,
+        class: usize,
+        weight: u64,
+        id: u64,
+        first: bool,
+    ) -> Place {
         self.recent = Some(Wait::new(h.blocked, h.blocked_at_ms));
         let c = match self.class_of(class) {
             Some(c) => c,
@@ -176,12 +183,19 @@ impl Queue {
             }
         };
         let held = &mut class.values[v].held;
-        if first {
+        let pos = if first {
             held.push_front(h);
+            0
         } else {
             held.push_back(h);
-        }
+            held.len() - 1
+        };
         self.len += 1;
+        Place {
+            class: c,
+            value: v,
+            pos,
+        }
     }
 
     /// Whose turn it is at `now`: the first request of the least-served value, with no wait

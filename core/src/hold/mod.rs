@@ -212,17 +212,12 @@ impl Holds {
             blocked_at_ms: now,
             flow,
         };
-        queue.push(held, class, weight, value, before.is_some());
+        let place = queue.push(held, class, weight, value, before.is_some());
         if refused {
             let wait = Wait::new(blocked, now);
             match shared(gov, &blocked) {
                 true => queue.wait = Some(wait),
-                false => {
-                    let place = queue.places().find(|(_, h)| h.id == id).map(|(p, _)| p);
-                    if let Some(p) = place {
-                        queue.hold_value(p, wait);
-                    }
-                }
+                false => queue.hold_value(place, wait),
             }
         }
         Outcome::Held
