@@ -7,8 +7,8 @@ mod common;
 
 use common::provider::{A, B, PATH, QUOTA, RL};
 use common::reactions::set_headers;
-use common::Step;
 use common::{answered, cool, flows, go, gone, header, tick_all, Host};
+use common::{Sent, Step};
 use llm_governor_core::config::Hold;
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::deadline;
@@ -108,12 +108,7 @@ fn releases_that_trickle_one_at_a_time_open_what_a_freed_window_says_again() {
     // says 8 are left. The pace once kept the round's fewest (1) until a probe that never
     // came: one request on its way at a time, 2 a second at a 500 ms latency instead of 5.
     let mut host = Host::new(CFG);
-    cool(&mut host, "1");
-    for id in 1..=12 {
-        held(host.arrive(id, PATH, &[A]));
-    }
-    host.advance(1_000 + GRAIN);
-    let probe = flows(host.tick());
+    let probe = held_through_a_cooldown(&mut host, 12);
     assert_eq!(gone_ids(&probe), [1]);
     host.advance(500);
     host.respond(
@@ -164,12 +159,7 @@ fn a_slow_answers_reset_counts_from_the_release_when_it_is_a_duration() {
     ];
     for (what, headers, opens_at) in rows {
         let mut host = Host::new(CFG);
-        cool(&mut host, "1");
-        for id in 1..=3 {
-            held(host.arrive(id, PATH, &[A]));
-        }
-        host.advance(1_000 + GRAIN);
-        let probe = flows(host.tick());
+        let probe = held_through_a_cooldown(&mut host, 3);
         assert_eq!(gone_ids(&probe), [1], "{what}");
         host.advance(400);
         host.respond(&probe[0].1, 200, headers, "");
@@ -187,15 +177,21 @@ fn gone_ids(flows: &[(u32, impl Sized)]) -> Vec<u32> {
     flows.iter().map(|(id, _)| *id).collect()
 }
 
-#[test]
-fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
-    let mut host = Host::new(CFG);
-    cool(&mut host, "1");
-    for id in 1..=3 {
+/// Account A cools for 1 s with requests 1 to `n` held; the cooldown ends: what the tick
+/// lets go (the probe).
+fn held_through_a_cooldown(host: &mut Host, n: u32) -> Vec<(u32, Sent)> {
+    cool(host, "1");
+    for id in 1..=n {
         held(host.arrive(id, PATH, &[A]));
     }
     host.advance(1_000 + GRAIN);
-    let probe = flows(host.tick());
+    flows(host.tick())
+}
+
+#[test]
+fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
+    let mut host = Host::new(CFG);
+    let probe = held_through_a_cooldown(&mut host, 3);
     assert_eq!(probe.len(), 1);
     host.respond(&probe[0].1, 429, &[("retry-after", "2")], RL);
     host.advance(2_000);
@@ -211,12 +207,7 @@ fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
 #[test]
 fn an_unanswered_probe_lets_one_more_go_after_the_patience() {
     let mut host = Host::new(CFG);
-    cool(&mut host, "1");
-    for id in 1..=3 {
-        held(host.arrive(id, PATH, &[A]));
-    }
-    host.advance(1_000 + GRAIN);
-    assert_eq!(gone(&host.tick()), [1]);
+    assert_eq!(gone_ids(&held_through_a_cooldown(&mut host, 3)), [1]);
     host.advance(999);
     assert!(host.tick().is_empty());
     host.advance(1);

@@ -2,9 +2,9 @@
 //! requests (named as stats name them, matched as pools match, each reachable by some request).
 
 use super::defaults;
-use super::matcher::{covers, match_from};
-use super::model::{err, ConfigError, Hold, HoldClass, Match};
-use super::values::{Bounded, KeySpec, StatName};
+use super::matcher::{covers, named};
+use super::model::{err, ConfigError, Hold, HoldClass};
+use super::values::{Bounded, KeySpec};
 use super::wire::{HoldClassDto, HoldDto};
 use crate::request::STEERING_HEADER;
 
@@ -41,18 +41,8 @@ pub(super) fn hold_from(dto: HoldDto, hold: &mut Hold) -> Result<(), ConfigError
 }
 
 fn class_from(dto: HoldClassDto, at: &str) -> Result<HoldClass, ConfigError> {
-    let Some(StatName(name)) = dto.name else {
-        return Err(err(&format!("{at}.name"), "is required".into()));
-    };
-    if name == defaults::DEFAULT_CLASS {
-        return Err(err(
-            &format!("{at}.name"),
-            "\"default\" is reserved for held requests that match no class".into(),
-        ));
-    }
-    let matcher = dto
-        .r#match
-        .map_or(Ok(Match::default()), |m| match_from(m, at))?;
+    let implicit = (defaults::DEFAULT_CLASS, "held requests that match no class");
+    let (name, matcher) = named(dto.name, dto.r#match, at, implicit)?;
     if matcher
         .header
         .as_ref()

@@ -2,8 +2,8 @@
 //! `Config`, or an error naming the field the way `tree` does (`limits[0].burst: ...`).
 
 use super::defaults;
-use super::matcher::match_from;
-use super::model::{err, Config, ConfigError, Fleet, Limit, LimitKind, Match, Pool, Scope};
+use super::matcher::named;
+use super::model::{err, Config, ConfigError, Fleet, Limit, LimitKind, Pool, Scope};
 use super::values::{
     int_in, positive, Bounded, ClusterName, Flag, KeySpec, ScopeSpec, SettleSpec, StatName,
     UncheckedInt,
@@ -111,18 +111,8 @@ fn set<T>(slot: &mut T, given: Option<T>) {
 
 /// A pool, and the names its `fallback` lists (resolved once every pool is known).
 fn pool_from(dto: PoolDto, at: &str) -> Result<(Pool, Vec<String>), ConfigError> {
-    let Some(StatName(name)) = dto.name else {
-        return Err(err(&format!("{at}.name"), "is required".into()));
-    };
-    if name == defaults::DEFAULT_POOL {
-        return Err(err(
-            &format!("{at}.name"),
-            "\"default\" is reserved for requests that match no pool".into(),
-        ));
-    }
-    let matcher = dto
-        .r#match
-        .map_or(Ok(Match::default()), |m| match_from(m, at))?;
+    let implicit = (defaults::DEFAULT_POOL, "requests that match no pool");
+    let (name, matcher) = named(dto.name, dto.r#match, at, implicit)?;
     let pool = Pool {
         name,
         matcher,
