@@ -338,6 +338,25 @@ NOISY_SLOW = dataclasses.replace(
 )
 
 
+# How close the fair key's shares are across Envoy's workers: two tenants that both always have
+# requests waiting, a with 30 SDK clients, b with 3, back to back. Fair turns give each half of
+# the provider's admissions (b's share: its completed calls over all); run with
+# `--concurrency 1` (exact: one queue) and 2 (each worker's turns over its own requests).
+FAIR_SHARE = Storm(
+    name="fair-share",
+    title="fair share: tenant a 30 SDK clients, tenant b 3, both back to back; provider 10 req / 2 s, 200 ms",
+    clients=33,
+    phases=[Phase({"limit": NOISY_LIMIT, "latency_ms": NOISY_LATENCY_MS})],
+    client_kind="tenants",
+    calls_per_client=0,
+    duration_s=40.0,
+    tenants=(Tenant("a", 30, timeout_s=600.0), Tenant("b", 3, timeout_s=600.0)),
+    configs=("e", "e-fair"),
+    run_timeout_s=40.0 + 60.0,
+    fresh_gateway=True,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -368,5 +387,6 @@ SCENARIOS = {
     "tpm-full": lambda: [TPM_FULL],
     "noisy-neighbour": lambda: [NOISY],
     "noisy-neighbour-slow": lambda: [NOISY_SLOW],
+    "fair-share": lambda: [FAIR_SHARE],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }

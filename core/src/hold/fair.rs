@@ -358,10 +358,16 @@ impl Queue {
             .map_or(0, |v| v.held.len())
     }
 
-    /// The requests that leave before the `pos`-th of value `id` of class `class` (with `pos`
-    /// its value's length: before one that joins it now), were every release to cost `step`:
-    /// the order's tags say how many of each value and class go first.
-    pub(crate) fn ahead(&self, class: usize, id: u64, pos: usize, step: u64) -> Ahead<'_> {
+    /// The requests that leave before the `pos`-th of value `id` of class `class` (of `weight`;
+    /// with `pos` its value's length: before one that joins it now), were every release to
+    /// cost `step`: the order's tags say how many of each value and class go first.
+    pub(crate) fn ahead(
+        &self,
+        (class, weight): (usize, u64),
+        id: u64,
+        pos: usize,
+        step: u64,
+    ) -> Ahead<'_> {
         let step = step.max(1);
         let mut order = self.order;
         let mut fresh = || {
@@ -374,7 +380,7 @@ impl Queue {
                 let c = &self.classes[c];
                 (c.tag, c.order, c.weight)
             }
-            None => (self.vtime, fresh(), 1),
+            None => (self.vtime, fresh(), weight.max(1)),
         };
         let values = c.map_or(&[][..], |c| &self.classes[c].values[..]);
         let (vtag, vorder) = match values.iter().find(|v| v.id == id) {
@@ -473,5 +479,148 @@ impl Releases {
         };
         let seen = this.saturating_add(last);
         (seen >= 2).then(|| (EPOCH_MS + now % EPOCH_MS) / u64::from(seen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Class;
+    use crate::config::Config;
+    use crate::headers::Headers;
+    use crate::keys::HashKey;
+    use crate::policy::Governor;
+    use crate::request::RequestView;
+
+    fn held(id: u32) -> Held {
+        let gov = Governor::new(Config::default(), HashKey::from_words(1, 2));
+        let hs = Vec::new();
+        let flow = gov.pools().flow_for(&RequestView::of(Headers::new(&hs)));
+        let blocked = Blocked::Cooling {
+            class: Class::RateLimited,
+            remaining_ms: 1,
+        };
+        Held {
+            id,
+            flow,
+            since_ms: 0,
+            blocked,
+            blocked_at_ms: 0,
+        }
+    }
+
+    /// Requests (id, class, class weight, value) joined in that order, then every release
+    /// at once, each costing `cost(value)`: the ids in the order they leave.
+    fn order(joins: &[(u32, usize, u64, u64)], cost: impl Fn(u64) -> u64) -> Vec<u32> {
+        let mut q = Queue::default();
+        for &(id, class, weight, value) in joins {
+            q.push(held(id), class, weight, value, false);
+        }
+        let mut out = Vec::new();
+        while let Some(p) = q.next(0) {
+            let value = q.value_at(p);
+            if let Some(h) = q.release(p, cost(value), 0) {
+                out.push(h.id);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn releases_share_by_cost_and_weight_in_start_time_order() {
+        let a = |id| (id, 0, 1, 1);
+        let b = |id| (id, 0, 1, 2);
+        type Row = (
+            &'static str,
+            Vec<(u32, usize, u64, u64)>,
+            fn(u64) -> u64,
+            Vec<u32>,
+        );
+        let rows: [Row; 4] = [
+            (
+                "values in turn",
+                vec![a(1), a(2), a(3), b(4), b(5), b(6)],
+                |_| 1,
+                vec![1, 4, 2, 5, 3, 6],
+            ),
+            (
+                "by tokens: a's releases cost 1000, b's 250, so b gets four per a",
+                vec![
+                    a(1),
+                    a(2),
+                    a(3),
+                    b(4),
+                    b(5),
+                    b(6),
+                    b(7),
+                    b(8),
+                    b(9),
+                    b(10),
+                    b(11),
+                ],
+                |v| if v == 1 { 1000 } else { 250 },
+                vec![1, 4, 5, 6, 7, 2, 8, 9, 10, 11, 3],
+            ),
+            (
+                "classes by weight, 3:1",
+                vec![
+                    (1, 0, 3, 7),
+                    (2, 0, 3, 7),
+                    (3, 0, 3, 7),
+                    (4, 0, 3, 7),
+                    (5, 0, 3, 7),
+                    (6, 1, 1, 8),
+                    (7, 1, 1, 8),
+                    (8, 1, 1, 8),
+                ],
+                |_| 1,
+                vec![1, 6, 2, 3, 4, 7, 5, 8],
+            ),
+            (
+                "a value that starts waiting starts level with the last served",
+                vec![a(1), a(2), a(3), a(4), b(5)],
+                |_| 1,
+                vec![1, 5, 2, 3, 4],
+            ),
+        ];
+        for (what, joins, cost, want) in rows {
+            assert_eq!(order(&joins, cost), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn ahead_counts_what_leaves_first_at_equal_costs() {
+        let mut q = Queue::default();
+        for id in 1..=3 {
+            q.push(held(id), 0, 1, 1, false);
+        }
+        q.push(held(4), 0, 1, 2, false);
+        // The order is 1, 4, 2, 3.
+        let ids = |a: Ahead| {
+            let mut ids: Vec<u32> = a.mine.iter().map(|h| h.id).collect();
+            ids.sort_unstable();
+            (ids, a.others)
+        };
+        assert_eq!(
+            ids(q.ahead((0, 1), 2, 0, 1)),
+            (vec![1], 0),
+            "4 goes after 1"
+        );
+        assert_eq!(
+            ids(q.ahead((0, 1), 1, 2, 1)),
+            (vec![1, 2, 4], 0),
+            "3 goes after 1, 4, 2"
+        );
+        assert_eq!(
+            ids(q.ahead((0, 1), 2, 1, 1)),
+            (vec![1, 2, 4], 0),
+            "b's next goes after 1, 4, 2 and before 3"
+        );
+        // Another class of weight 1 behind: one of its requests per request of this one.
+        assert_eq!(
+            q.ahead((1, 1), 9, 0, 1).others,
+            1,
+            "a new class goes after one of the first"
+        );
     }
 }

@@ -397,7 +397,8 @@ fn turn(
 ) -> Turn {
     let admission = gov.admission();
     let own = admission.cost_at(&blocked, flow);
-    let ahead = q.ahead(class, value, pos, own.max(1));
+    let weight = gov.cfg.hold.classes.get(class).map_or(1, |c| c.weight);
+    let ahead = q.ahead((class, weight), value, pos, own.max(1));
     let count = ahead.mine.len() as u64 + ahead.others;
     if let Blocked::Bucket { .. } = blocked {
         // The gate's wait is the first one's: then the rest of those before it, and its own.
