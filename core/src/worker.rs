@@ -96,11 +96,11 @@ impl Worker {
     }
 
     /// A worker that draws its jitter from `rng` (tests fix it).
-    pub fn with_random(gov: Arc<Governor>, rng: Box<dyn Random + Send>) -> Worker {
+    pub fn with_random(gov: Arc<Governor>, mut rng: Box<dyn Random + Send>) -> Worker {
         Worker {
             gov,
             streams: Streams::default(),
-            holds: Holds::new(),
+            holds: Holds::new(rng.unit().to_bits()),
             body: BodyCapability::default(),
             leases: Leases::default(),
             rng,

@@ -126,10 +126,34 @@ fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
 }
 
 #[test]
-fn each_worker_holding_requests_takes_its_share_of_a_round_in_its_own_order() {
-    // Worker 0 holds batch requests only, worker 1 batch and chat ones. A round of six goes one
-    // release per worker and tick: three each, worker 1's taking turns between its tenants
-    // (fair key). The first worker to tick used to take the whole round.
+fn each_worker_holding_requests_takes_its_share_of_a_round() {
+    // Worker 0 holds eight, worker 1 four. A round of six goes one release per worker and
+    // tick: three each. The first worker to tick used to take the whole round.
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(CFG), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    for w in [0; 8].into_iter().chain([1; 4]) {
+        ws.request(w, &[A]);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    assert_eq!(probe.len(), 1);
+    let (w, id) = probe[0];
+    assert_eq!(w, 0, "the probe: worker 0's first");
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
+    let round = ws.tick_all();
+    assert_eq!(round.len(), 6);
+    let on_1 = round.iter().filter(|(w, _)| *w == 1).count();
+    assert_eq!(on_1, 3, "worker 1's share: {round:?}");
+}
+
+#[test]
+fn a_tenant_held_on_one_worker_gets_its_share_of_every_workers_releases() {
+    // Batch on both workers, chat on worker 1 only. Each worker's own turns gave chat half of
+    // worker 1's releases, a quarter of all; the board the workers share gives it every other
+    // release of the (pool, account), whichever worker takes it.
     let cfg = r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}],
                   "hold": {"fair_key": "header:x-tenant-id"}}"#;
     let store = MemStore::new();
@@ -139,31 +163,27 @@ fn each_worker_holding_requests_takes_its_share_of_a_round_in_its_own_order() {
     let batch = [A, ("x-tenant-id", "batch")];
     let chat = [A, ("x-tenant-id", "chat")];
     let mut tenant = std::collections::HashMap::new();
-    for _ in 0..8 {
-        let (id, _) = ws.request(0, &batch);
-        tenant.insert((0, id), "batch");
-    }
-    for t in [&batch, &batch, &chat, &chat] {
-        let (id, _) = ws.request(1, t);
-        tenant.insert((1, id), t[1].1);
+    for (w, t) in [(0, &batch); 8].into_iter().chain([
+        (1, &batch),
+        (1, &batch),
+        (1, &chat),
+        (1, &chat),
+        (1, &chat),
+    ]) {
+        let (id, _) = ws.request(w, t);
+        tenant.insert((w, id), t[1].1);
     }
     ws.clock.advance(1_000 + GRAIN);
     let probe = ws.tick();
-    assert_eq!(probe.len(), 1);
     let (w, id) = probe[0];
     ws.clock.advance(5);
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
     let round = ws.tick_all();
-    assert_eq!(round.len(), 6);
-    assert_eq!(w, 0, "the probe: worker 0's first");
-    let on_1: Vec<&str> = round
-        .iter()
-        .filter(|(w, _)| *w == 1)
-        .map(|k| tenant[k])
-        .collect();
+    let order: Vec<&str> = round.iter().map(|k| tenant[k]).collect();
+    assert_eq!(order.len(), 6);
     assert_eq!(
-        on_1,
-        ["batch", "chat", "batch"],
-        "worker 1's share: {round:?}"
+        order.iter().filter(|t| **t == "chat").count(),
+        3,
+        "chat every other release: {order:?}"
     );
 }

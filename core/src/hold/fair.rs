@@ -32,7 +32,7 @@ pub struct Held {
 
 /// The tag a release of cost 1 adds to a class of weight 1: tags stay whole numbers for every
 /// weight up to the configured maximum (1000).
-const SCALE: u64 = 1_000_000;
+pub(crate) const SCALE: u64 = 1_000_000;
 
 /// Why requests wait, since when, and when the gates are asked again.
 #[derive(Clone, Copy, Debug)]
@@ -202,27 +202,51 @@ impl Queue {
     /// of its own still running, of the least-served class that has one. None while a gate of
     /// the whole (pool, account) has not yet come due.
     pub(crate) fn next(&self, now: u64) -> Option<Place> {
+        self.next_where(now, |_, _| true)
+    }
+
+    /// `next`, among the values `turn(class, value)` lets go (the others wait for their turn
+    /// across workers, `board`).
+    pub(crate) fn next_where(&self, now: u64, turn: impl Fn(usize, u64) -> bool) -> Option<Place> {
         if self.wait.is_some_and(|w| now < w.check_ms) {
             return None;
         }
-        let ready = |v: &Value| v.wait.map_or(true, |w| now >= w.check_ms);
+        let ready = |c: &Class, v: &Value| {
+            v.wait.map_or(true, |w| now >= w.check_ms) && turn(c.index, v.id)
+        };
         let (class, c) = self
             .classes
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.values.iter().any(ready))
+            .filter(|(_, c)| c.values.iter().any(|v| ready(c, v)))
             .min_by_key(|(_, c)| (c.tag, c.order))?;
         let (value, _) = c
             .values
             .iter()
             .enumerate()
-            .filter(|(_, v)| ready(v))
+            .filter(|(_, v)| ready(c, v))
             .min_by_key(|(_, v)| (v.tag, v.order))?;
         Some(Place {
             class,
             value,
             pos: 0,
         })
+    }
+
+    /// The (class, value) of every value waiting for a gate of the whole (pool, account) (or
+    /// for none): not for a limit of its own.
+    pub(crate) fn ready(&self, now: u64) -> Vec<(usize, u64)> {
+        let ready = |v: &&Value| v.wait.map_or(true, |w| now >= w.check_ms);
+        let values = self.classes.iter().flat_map(|c| {
+            let class = c.index;
+            c.values.iter().filter(ready).map(move |v| (class, v.id))
+        });
+        values.collect()
+    }
+
+    /// The class (its index in `hold.classes`) of the request at `p`.
+    pub(crate) fn class_at(&self, p: Place) -> usize {
+        self.classes[p.class].index
     }
 
     pub(crate) fn get(&self, p: Place) -> Option<&Held> {

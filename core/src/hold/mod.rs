@@ -8,18 +8,22 @@
 //! `hold.fair_key` and `hold.classes`). Across workers, the shared cooldown record's pace hands
 //! out releases: each worker's share goes in its own queue's order.
 
+mod board;
 mod fair;
 
 use crate::blocked::Blocked;
 use crate::config::LimitKey;
 use crate::effects::TICK_MS;
 use crate::env::Env;
+use crate::keys;
+use crate::keyspace;
 use crate::metrics::{ClassStat, Counter, Gauge, Histogram, Write};
 use crate::policy::Governor;
 use crate::reply::LocalReply;
 use crate::request::Flow;
+use board::Board;
 pub use fair::Held;
-use fair::{Queue, Wait};
+use fair::{Queue, Wait, SCALE};
 use std::collections::HashMap;
 
 /// What became of a request: of one handed to `Holds::request`, and (never `Held`) of a held
@@ -46,17 +50,27 @@ fn queue_key(flow: &Flow) -> QueueKey {
 /// The fair-key value that distinct values past `max_keys` share.
 const OVERFLOW: u64 = u64::MAX;
 
-#[derive(Default)]
 pub struct Holds {
     queues: HashMap<QueueKey, Queue>,
     held: usize,
     /// Held now, per hold class.
     by_class: Vec<usize>,
+    /// This worker on the boards it shares with the others (`board`).
+    me: u64,
 }
 
 impl Holds {
-    pub fn new() -> Holds {
-        Holds::default()
+    /// The holds of a worker; `entropy` tells it from the others (with a count of the workers
+    /// of this process, for hosts whose workers draw the same).
+    pub fn new(entropy: u64) -> Holds {
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Holds {
+            queues: HashMap::new(),
+            held: 0,
+            by_class: Vec::new(),
+            me: entropy ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        }
     }
 
     /// Requests held now on this worker.
@@ -228,8 +242,11 @@ impl Holds {
     pub fn tick(&mut self, gov: &Governor, env: &mut Env) -> Vec<(u32, Outcome)> {
         let now = env.now();
         let mut out = Vec::new();
-        for queue in self.queues.values_mut() {
-            release(gov, queue, now, env, &mut out);
+        let me = self.me;
+        for (key, queue) in self.queues.iter_mut() {
+            let board = board_key(gov, key, env);
+            let board = board.as_deref().map(|b| (b, key.0, me));
+            release(gov, queue, board, now, env, &mut out);
             expire(gov, queue, now, env, &mut out);
         }
         self.queues.retain(|_, q| !q.is_empty());
@@ -287,11 +304,55 @@ fn shared(gov: &Governor, b: &Blocked) -> bool {
     }
 }
 
+/// The board of the (pool, account) of `key` (`board`), when turns are shared (a fair key or
+/// classes) and the key budget admits it.
+fn board_key(gov: &Governor, (pool, account): &QueueKey, env: &mut Env) -> Option<String> {
+    let hold = &gov.cfg.hold;
+    if hold.fair_key.is_none() && hold.classes.len() < 2 {
+        return None;
+    }
+    let key = keys::board_key(&gov.cfg.pools.get(*pool)?.name, *account);
+    let max = gov.cfg.max_keys;
+    keyspace::key_exists_or_admit(max, &key, keys::BOARD_KEY_COUNT, *pool, env).then_some(key)
+}
+
+/// The seat of a value of a class on the board.
+fn seat(class: usize, value: u64) -> u64 {
+    value ^ (class as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Let the queue's requests go in turn while the gates let them: a refusal of the whole (pool,
-/// account) stops the queue, one of a value's own limit stops that value.
-fn release(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec<(u32, Outcome)>) {
+/// account) stops the queue, one of a value's own limit stops that value. With a `board`, the
+/// values free to go are said to wait, and one that had more service than a value waiting on
+/// another worker leaves the release to that worker.
+fn release(
+    gov: &Governor,
+    q: &mut Queue,
+    board: Option<(&str, usize, u64)>,
+    now: u64,
+    env: &mut Env,
+    out: &mut Vec<(u32, Outcome)>,
+) {
     let admission = gov.admission();
-    while let Some(p) = q.next(now) {
+    if let Some((key, pool, me)) = board {
+        let seats: Vec<u64> = q.ready(now).into_iter().map(|(c, v)| seat(c, v)).collect();
+        keyspace::modify(env, pool, key, None, None, |b: Option<Board>| {
+            let b = b.unwrap_or_default();
+            let next = b.seen(&seats, me, now);
+            ((next != b).then_some(next), ())
+        });
+    }
+    loop {
+        let turns = board.and_then(|(key, ..)| read_board(key, env));
+        let next = match turns {
+            Some(b) => q.next_where(now, |c, v| b.may_go(seat(c, v), now)),
+            None => q.next(now),
+        };
+        let Some(p) = next else {
+            break;
+        };
+        let class = q.class_at(p);
+        let value = q.value_at(p);
         let Some(head) = q.get_mut(p) else {
             break;
         };
@@ -303,6 +364,15 @@ fn release(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec
                 let paced = head.flow.released.is_some();
                 if let Some(h) = q.release(p, cost, now) {
                     out.push(released(gov, h, now, env));
+                }
+                if let Some((key, pool, me)) = board {
+                    let weight = gov.cfg.hold.classes.get(class).map_or(1, |c| c.weight);
+                    let service = cost.max(1).saturating_mul(SCALE) / weight.max(1);
+                    let id = seat(class, value);
+                    let gone = q.len_of(class, value) == 0;
+                    keyspace::modify(env, pool, key, None, None, |b: Option<Board>| {
+                        (b.map(|b| b.served(id, service, gone.then_some(me))), ())
+                    });
                 }
                 // Only the fleet knows whether its budget has room again: one request asks
                 // it, the rest wait for a tick after its answer. And one release of the shared
@@ -341,6 +411,11 @@ fn release(gov: &Governor, q: &mut Queue, now: u64, env: &mut Env, out: &mut Vec
             }
         }
     }
+}
+
+fn read_board(key: &str, env: &Env) -> Option<Board> {
+    let (bytes, _) = env.store.get(key).ok().flatten()?;
+    crate::store::Record::from_bytes(&bytes)
 }
 
 /// Answer everyone whose limit passed, or whose known wait outgrows its limit, with the time
