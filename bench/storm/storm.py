@@ -21,6 +21,12 @@ same with `settle: "reservation"`, (e-tpm-after) charging after the response (`r
 (a) and (d). The fleet storms (issue 21: fleet, fleet-cooldown) run three Envoys behind a
 60/30/10 balancer (x-once, x-split, x-fleet, x-fleet-m, x-fleet-free) and (x-litellm) three
 LiteLLM proxies sharing the deployment's rpm/tpm on one Redis behind the same balancer.
+The noisy-neighbour storms (issue 33: noisy-neighbour, noisy-neighbour-slow; one account whose
+provider admits 10 requests per 2 s, a batch tenant of 40 SDK clients calling back to back, a
+chat tenant of 4) run (e) arrival order, (e-fair) `hold.fair_key: header:x-tenant-id`,
+(e-classes) the fair key and classes (chat interactive, weight 4; batch 120 s holds) and
+(d-prio) LiteLLM's priority scheduler (chat priority 0, batch 1), per tenant: completed, p50 /
+p95 wait, local 429s, and the provider's admissions per second.
 `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and docs/benchmarks-history.md. Writes bench/out/storm/results.json and
@@ -136,10 +142,36 @@ def cell(rows: list, figure: str, fmt: str) -> str:
     return f"{show(lo)} – {show(hi)} ({show(statistics.median(values))})"
 
 
+# Tenant storms (issue 33): per tenant, then the provider.
+TENANT_FIGURES = [
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("p50 wait", "p50_wait_ms", "{:,.0f} ms"),
+    ("p95 wait", "p95_wait_ms", "{:,.0f} ms"),
+    ("local 429s", "local_429s", "{:.0f}"),
+]
+PROVIDER_FIGURES = [
+    ("provider admissions / s", "admitted_per_s", "{:.2f}"),
+    ("pace used", "pace_used", "{:.0%}"),
+    ("provider 429s after 1 s", "provider_429s_after_1s", "{:.0f}"),
+]
+
+
+def tenant_columns(rows: list) -> list:
+    """The tenant storm's columns, its tenants' figures flattened into each row."""
+    names = list(dict.fromkeys(n for r in rows for n in r.get("tenants", {})))
+    for r in rows:
+        for name, figures in r.get("tenants", {}).items():
+            r.update({f"{name}_{k}": v for k, v in figures.items()})
+    return [(f"{n} {h}", f"{n}_{f}", fmt) for n in names for h, f, fmt in TENANT_FIGURES] + PROVIDER_FIGURES
+
+
 def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
     if any("served_in_run" in r for r in rows):
         columns = AGENT_COLUMNS
+    elif any("tenants" in r for r in rows):
+        columns = tenant_columns(rows)
     elif any("backup_requests" in r for r in rows):
         columns = FAILOVER_COLUMNS
     elif any("token_429s" in r for r in rows):
@@ -239,6 +271,14 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup, art
                       f"admits, {r['provider_429s']} provider 429s ({r['input_429s']} input, {r['output_429s']} "
                       f"output), {r['client_local_429s']} local 429s, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
                       f"input prediction p50 error {r['input_error_p50_pct']} % [{time.time() - t:.1f}s]", flush=True)
+                continue
+            if "tenants" in r:
+                each = ", ".join(f"{n}: {t['completed']}/{t['calls']} done, p50 {t['p50_wait_ms']} ms, p95 "
+                                 f"{t['p95_wait_ms']} ms, {t['local_429s']} local 429s"
+                                 for n, t in r["tenants"].items())
+                print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {each}; provider {r['admitted_per_s']}/s "
+                      f"({r['pace_used']:.0%} of its pace), {r['provider_429s_after_1s']} 429s after 1 s "
+                      f"[{time.time() - t:.1f}s]", flush=True)
                 continue
             if "token_429s" in r:
                 print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']} of {r['calls']} calls "

@@ -84,14 +84,24 @@ impl Blocked {
 
     /// As it stands `elapsed` ms later: known waits shrink (to at least 1 ms).
     pub fn aged(self, elapsed: u64) -> Blocked {
-        let shrink = |ms: u64| ms.saturating_sub(elapsed).max(1);
+        self.with_times(|ms| ms.saturating_sub(elapsed).max(1))
+    }
+
+    /// As it stands for a request `ms` behind the one it would let go: a known wait (or the
+    /// pace's next try) that much longer. A full cap says no time.
+    pub fn later(self, ms: u64) -> Blocked {
+        self.with_times(|t| t.saturating_add(ms))
+    }
+
+    /// The same wait with each time it states (a wait, the pace's next try) `f` of what it was.
+    fn with_times(self, f: impl Fn(u64) -> u64) -> Blocked {
         match self {
             Blocked::Cooling {
                 class,
                 remaining_ms,
             } => Blocked::Cooling {
                 class,
-                remaining_ms: shrink(remaining_ms),
+                remaining_ms: f(remaining_ms),
             },
             Blocked::Bucket {
                 limit,
@@ -99,21 +109,21 @@ impl Blocked {
                 remaining,
             } => Blocked::Bucket {
                 limit,
-                wait_ms: shrink(wait_ms),
+                wait_ms: f(wait_ms),
                 remaining,
             },
             Blocked::Fleet { limit, wait_ms } => Blocked::Fleet {
                 limit,
-                wait_ms: shrink(wait_ms),
+                wait_ms: f(wait_ms),
             },
             Blocked::Paced { retry_in_ms } => Blocked::Paced {
-                retry_in_ms: shrink(retry_in_ms),
+                retry_in_ms: f(retry_in_ms),
             },
             Blocked::Turn { retry_in_ms } => Blocked::Turn {
-                retry_in_ms: shrink(retry_in_ms),
+                retry_in_ms: f(retry_in_ms),
             },
             Blocked::Quota { remaining_ms } => Blocked::Quota {
-                remaining_ms: shrink(remaining_ms),
+                remaining_ms: f(remaining_ms),
             },
             other => other,
         }

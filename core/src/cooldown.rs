@@ -40,7 +40,7 @@ pub struct CooldownRecord {
 }
 
 /// How traffic comes back after a cooldown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pace {
     pub active: bool,
     /// The "not now" that started this pace reported requests left (a concurrency or token
@@ -53,21 +53,28 @@ pub struct Pace {
     pub out: u16,
     /// The last release, Unix ms.
     pub last_release_ms: u64,
-    /// The fewest remaining requests a success reported since the round's probe went
-    /// (`u16::MAX`: none yet). Answers of one round are read by several workers in any order:
-    /// an older answer's larger `remaining` must not open what a newer one already used.
-    pub floor: u16,
+    /// Releases handed out so far (wrapping), each released request keeping its number (its
+    /// `Ticket`): the `remaining` an answer reports counts none of the releases handed out
+    /// after its own, whether they are still on their way or already answered.
+    pub seq: u16,
 }
 
-impl Default for Pace {
-    fn default() -> Pace {
-        Pace {
-            active: false,
-            ignore_remaining: false,
-            credits: 0,
-            out: 0,
-            last_release_ms: 0,
-            floor: u16::MAX,
+/// What a released request keeps of the pace: its number, and how many releases before it were
+/// still unanswered when it went. Those may have reached the provider after it (released by
+/// another worker in the same instant, or overtaken on the way), so its answer's `remaining`
+/// may not count them either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub seq: u16,
+    pub ahead: u16,
+}
+
+impl Ticket {
+    /// The ticket of the release `rec` records as its last.
+    pub fn of(rec: &CooldownRecord) -> Ticket {
+        Ticket {
+            seq: rec.pace.seq,
+            ahead: rec.pace.out.saturating_sub(1),
         }
     }
 }
@@ -101,7 +108,7 @@ impl CooldownRecord {
             .u16(pace.out)
             .u64(pace.last_release_ms)
             .u64(self.burst_end_ms)
-            .u16(pace.floor)
+            .u16(pace.seq)
             .done()
     }
 
@@ -114,7 +121,7 @@ impl CooldownRecord {
             return None;
         }
         let (credits, out, last_release_ms) = (r.u16()?, r.u16()?, r.u64()?);
-        let (burst_end_ms, floor) = (r.u64()?, r.u16()?);
+        let (burst_end_ms, seq) = (r.u64()?, r.u16()?);
         Some(CooldownRecord {
             deadline_ms,
             period_ms,
@@ -127,7 +134,7 @@ impl CooldownRecord {
                 credits,
                 out,
                 last_release_ms,
-                floor,
+                seq,
             },
             burst_end_ms,
         })
@@ -269,32 +276,23 @@ pub fn pass(rec: CooldownRecord, now_ms: u64, paced: bool) -> (Gate, Option<Cool
     }
     let p = rec.pace;
     let patience_over = now_ms >= p.last_release_ms.saturating_add(PROBE_PATIENCE_MS);
-    let pace = if p.credits > 0 {
-        Pace {
-            credits: p.credits - 1,
-            out: p.out.saturating_add(1),
-            last_release_ms: now_ms,
-            ..p
-        }
-    } else if p.out == 0 {
-        // The probe: the first request after a cooldown (or after every release was
-        // answered): a new round, whose answer may open more than the last one left.
-        Pace {
-            out: 1,
-            last_release_ms: now_ms,
-            floor: u16::MAX,
-            ..p
-        }
-    } else if patience_over {
-        // One more after an answer that is long in coming.
-        Pace {
-            out: p.out.saturating_add(1),
-            last_release_ms: now_ms,
-            ..p
-        }
+    // An open release; else the probe: the first request after a cooldown (or after every
+    // release was answered), whose answer may open more than the last one left; else one more
+    // after an answer that is long in coming.
+    let credits = if p.credits > 0 {
+        p.credits - 1
+    } else if p.out == 0 || patience_over {
+        0
     } else {
         let retry_in_ms = p.last_release_ms + PROBE_PATIENCE_MS - now_ms;
         return (Gate::Paced { retry_in_ms }, None);
+    };
+    let pace = Pace {
+        credits,
+        out: p.out.saturating_add(1),
+        last_release_ms: now_ms,
+        seq: p.seq.wrapping_add(1),
+        ..p
     };
     (Gate::Released, Some(CooldownRecord { pace, ..rec }))
 }
@@ -324,11 +322,11 @@ pub enum Answer {
     Other,
 }
 
-/// The pace after the answer of a released request (`released`: it took a release) or of any
-/// request while pacing.
-pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> CooldownRecord {
+/// The pace after the answer of a released request (`released`: the ticket of the release it
+/// took) or of any request while pacing.
+pub fn answered(rec: CooldownRecord, answer: Answer, released: Option<Ticket>) -> CooldownRecord {
     let mut p = rec.pace;
-    if released {
+    if released.is_some() {
         p.out = p.out.saturating_sub(1);
     }
     match answer {
@@ -339,19 +337,24 @@ pub fn answered(rec: CooldownRecord, answer: Answer, released: bool) -> Cooldown
         }
         Answer::Success { .. } if !p.active => {}
         Answer::Success { remaining } => {
+            // What the provider had left when it took this request, less every release it
+            // may not have counted: those handed out after it, and those still on their way
+            // when it went; for a request the pace did not release, those on their way.
+            let uncounted = match released {
+                Some(t) => p.seq.wrapping_sub(t.seq).saturating_add(t.ahead),
+                None => p.out,
+            };
             let open = match remaining.filter(|_| !p.ignore_remaining) {
-                // What the provider has left, less what is already on its way to it; never
-                // more than the round's newest answer said.
-                Some(r) => {
-                    let r = r.min(u64::from(p.floor));
-                    p.floor = u16::try_from(r).unwrap_or(u16::MAX);
-                    r.saturating_sub(u64::from(p.out))
-                }
+                Some(r) => r.saturating_sub(u64::from(uncounted)),
                 // Slow start: each success brings its own release back and one more.
                 None => u64::from(p.credits) + 2,
             };
             if open >= PACE_OPEN_AT {
-                p = Pace::default();
+                // The numbering goes on: answers of releases still out keep their place.
+                p = Pace {
+                    seq: p.seq,
+                    ..Pace::default()
+                };
             } else {
                 p.credits = u16::try_from(open).unwrap_or(u16::MAX);
             }

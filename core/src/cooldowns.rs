@@ -2,11 +2,11 @@
 //! merge an answer into it.
 
 use crate::config::Config;
-use crate::cooldown::{self, Answer, CooldownRecord, Gate, Wanted};
+use crate::cooldown::{self, Answer, CooldownRecord, Gate, Ticket, Wanted};
 use crate::env::Env;
 use crate::keys;
 use crate::keyspace;
-use crate::request::Flow;
+use crate::request::{Flow, Release};
 use crate::store::SharedStore;
 
 /// The cooldowns of a configuration's (pool, account)s, kept in the shared store.
@@ -69,21 +69,24 @@ impl<'a> Cooldowns<'a> {
         let result = keyspace::modify(env, flow.pool, &key, Some(known), None, |cur| match cur {
             Some(rec) => {
                 let (gate, write) = cooldown::pass(rec, now, paced);
-                (write, (gate, rec.streak))
+                let ticket = write.as_ref().map(Ticket::of);
+                (write, (gate, rec.streak, ticket))
             }
-            None => (None, (Gate::Open, 0)),
+            None => (None, (Gate::Open, 0, None)),
         });
-        let Some((gate, streak)) = result else {
+        let Some((gate, streak, ticket)) = result else {
             return Gate::Open;
         };
         flow.streak = streak;
-        flow.released = gate == Gate::Released;
+        flow.released = ticket
+            .filter(|_| gate == Gate::Released)
+            .map(|ticket| Release { ticket, at_ms: now });
         gate
     }
 
     /// A later gate refused after the pace released this request: give the release back.
     pub fn give_back_release(&self, flow: &mut Flow, env: &mut Env) {
-        if !std::mem::take(&mut flow.released) {
+        if flow.released.take().is_none() {
             return;
         }
         let key = self.key(flow);
@@ -114,13 +117,15 @@ impl<'a> Cooldowns<'a> {
 
     /// Report a non-success answer (or none) of a released request to the pace.
     pub fn answer_pace(&self, flow: &mut Flow, answer: Answer, env: &mut Env) {
-        if !flow.released {
+        let Some(release) = flow.released.take() else {
             return;
-        }
+        };
         let key = self.key(flow);
-        flow.released = false;
         keyspace::modify(env, flow.pool, &key, None, None, |cur| {
-            (cur.map(|r| cooldown::answered(r, answer, true)), ())
+            (
+                cur.map(|r| cooldown::answered(r, answer, Some(release.ticket))),
+                (),
+            )
         });
     }
 
@@ -135,7 +140,7 @@ impl<'a> Cooldowns<'a> {
         answer: Answer,
         env: &mut Env,
     ) -> bool {
-        let released = std::mem::take(&mut flow.released);
+        let released = flow.released.take().map(|r| r.ticket);
         let key = self.key(flow);
         if !keyspace::key_exists_or_admit(
             self.cfg.max_keys,

@@ -1,4 +1,5 @@
-//! How long the gateway may hold a request: `min(hold.max_ms, client timeout - margin)`.
+//! How long the gateway may hold a request: `min(its class's max_ms, client timeout - margin)`
+//! (without classes, `hold.max_ms`).
 //!
 //! The client's timeout comes from the first of `hold.deadline_headers` that carries a
 //! well-formed value. The official SDKs send `x-stainless-read-timeout` / `x-stainless-timeout`
@@ -23,13 +24,15 @@ pub fn client_timeout_ms(cfg: &Hold, h: &Headers) -> Option<u64> {
     })
 }
 
-/// How long this request may be held, in ms (0: it may not be held).
-pub fn hold_budget_ms(cfg: &Hold, h: &Headers) -> u64 {
-    if !cfg.enabled() {
+/// How long a request of hold class `class` may be held, in ms (0: it may not be held): its
+/// class's longest hold, within its client's timeout less the margin.
+pub fn hold_budget_ms(cfg: &Hold, class: usize, h: &Headers) -> u64 {
+    let max_ms = cfg.max_ms_of(class);
+    if max_ms == 0 || cfg.max_held_of(class) == 0 {
         return 0;
     }
     match client_timeout_ms(cfg, h) {
-        Some(t) => cfg.max_ms.min(t.saturating_sub(cfg.margin_ms)),
-        None => cfg.max_ms,
+        Some(t) => max_ms.min(t.saturating_sub(cfg.margin_ms)),
+        None => max_ms,
     }
 }

@@ -207,6 +207,12 @@ pub fn cooldown_key(pool: &str, account: u64) -> String {
     key("c:", pool, key_id_hex(account))
 }
 
+/// Shared-data key of the board on which the workers holding requests of (pool, account)
+/// share whose turn it is (`hold::board`).
+pub fn board_key(pool: &str, account: u64) -> String {
+    key("h:", pool, key_id_hex(account))
+}
+
 /// Shared-data key of one token bucket of a limit.
 pub fn bucket_key(limit: &str, key_id: u64) -> String {
     key("b:", limit, key_id_hex(key_id))
@@ -270,6 +276,8 @@ pub const BUCKET_KEY_COUNT: &str = "k:b";
 /// Where an Envoy's own key of the ids is kept (shared data is never exported).
 pub const KEY_OF_IDS: &str = "k:h";
 pub const COOLDOWN_KEY_COUNT: &str = "k:c";
+/// Counts the boards of held requests' turns (`board_key`), within `max_keys` too.
+pub const BOARD_KEY_COUNT: &str = "k:o";
 
 #[cfg(test)]
 mod tests {

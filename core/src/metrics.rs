@@ -193,9 +193,84 @@ impl Histogram {
     }
 }
 
+/// A stat of one hold class of one pool (with `hold.classes` only): the hold's own stats of
+/// the requests of that class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassStat {
+    /// A request of the class was held.
+    Held,
+    /// A held request of the class went upstream.
+    Released,
+    /// A held request of the class was answered locally after waiting.
+    Expired,
+    /// Requests of the class held now, summed over workers.
+    HeldRequests,
+    /// How long held requests of the class were held.
+    HoldMs,
+    /// The class's longest hold (its `max_ms`), set when one of its requests is held: what
+    /// `HoldMs` is read against.
+    HoldLimitMs,
+}
+
+impl ClassStat {
+    pub const ALL: [ClassStat; 6] = [
+        ClassStat::Held,
+        ClassStat::Released,
+        ClassStat::Expired,
+        ClassStat::HeldRequests,
+        ClassStat::HoldMs,
+        ClassStat::HoldLimitMs,
+    ];
+
+    pub fn index(self) -> usize {
+        ClassStat::ALL.iter().position(|c| *c == self).unwrap_or(0)
+    }
+
+    /// The pool's stat of the same meaning: a class stat is named as it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClassStat::Held => Counter::Held.name(),
+            ClassStat::Released => Counter::HoldReleased.name(),
+            ClassStat::Expired => Counter::HoldExpired.name(),
+            ClassStat::HeldRequests => Gauge::HeldRequests.name(),
+            ClassStat::HoldMs => Histogram::HoldMs.name(),
+            ClassStat::HoldLimitMs => "hold_limit_ms",
+        }
+    }
+
+    pub fn kind(self) -> Kind {
+        match self {
+            ClassStat::HeldRequests | ClassStat::HoldLimitMs => Kind::Gauge,
+            ClassStat::HoldMs => Kind::Histogram,
+            _ => Kind::Counter,
+        }
+    }
+
+    /// The family of a host with real labels: `llm_governor.class_<stat>{llm_pool, class}`.
+    pub fn family(self) -> &'static str {
+        match self {
+            ClassStat::Held => "llm_governor.class_held",
+            ClassStat::Released => "llm_governor.class_hold_released",
+            ClassStat::Expired => "llm_governor.class_hold_expired",
+            ClassStat::HeldRequests => "llm_governor.class_held_requests",
+            ClassStat::HoldMs => "llm_governor.class_hold_ms",
+            ClassStat::HoldLimitMs => "llm_governor.class_hold_limit_ms",
+        }
+    }
+}
+
+/// The label of a hold class's stats in a host with real labels, and the tag the shipped
+/// `stats_tags` give the wasm build's: one name for both, as `POOL_LABEL`.
+pub const CLASS_LABEL: &str = "class";
+
 /// Full stat name (Envoy adds the `wasmcustom.` namespace in front).
 pub fn stat_name(pool: &str, metric: &str) -> String {
     format!("llm_governor.pool.{pool}.{metric}")
+}
+
+/// Full stat name of a hold class's stat: `llm_governor.pool.<pool>.class.<class>.<stat>`.
+pub fn class_stat_name(pool: &str, class: &str, stat: ClassStat) -> String {
+    format!("llm_governor.pool.{pool}.class.{class}.{}", stat.name())
 }
 
 /// The name of the pool label of a host with real labels: `llm_pool`, the label the wasm
@@ -302,6 +377,9 @@ pub trait Metrics {
     /// Move a gauge by `delta`: each worker adds its own part, so the gauge is the sum.
     fn add(&mut self, pool: usize, g: Gauge, delta: i64);
     fn histogram(&mut self, pool: usize, h: Histogram, ms: u64);
+    /// A write to a stat of hold class `class` of pool `pool` (a host without class stats
+    /// drops it).
+    fn class(&mut self, _pool: usize, _class: usize, _stat: ClassStat, _write: Write) {}
 }
 
 /// What kind of stat a host defines.
@@ -317,6 +395,9 @@ pub enum Kind {
 /// define a stat (a name per pool, or a family with a pool label) and how they write one.
 pub struct Catalogue<Id> {
     ids: Vec<Option<Id>>,
+    /// Per pool, per hold class, each `ClassStat` (empty without configured classes).
+    class_ids: Vec<Option<Id>>,
+    classes: usize,
 }
 
 const PER_POOL: usize = Counter::ALL.len() + Gauge::ALL.len() + Histogram::ALL.len();
@@ -345,7 +426,39 @@ impl<Id: Copy> Catalogue<Id> {
                     .map(|h| define(Kind::Histogram, pool, h.name())),
             );
         }
-        Catalogue { ids }
+        Catalogue {
+            ids,
+            class_ids: Vec::new(),
+            classes: 0,
+        }
+    }
+
+    /// `define(kind, pool name, class name, stat)` for every stat of every hold class of every
+    /// pool, in order. Hosts call it with the configured classes only (and the implicit
+    /// `default` after them): without `hold.classes`, none.
+    pub fn define_classes<'p>(
+        mut self,
+        pools: impl IntoIterator<Item = &'p str>,
+        classes: &[&str],
+        mut define: impl FnMut(Kind, &str, &str, ClassStat) -> Option<Id>,
+    ) -> Catalogue<Id> {
+        for pool in pools {
+            for class in classes {
+                for stat in ClassStat::ALL {
+                    self.class_ids.push(define(stat.kind(), pool, class, stat));
+                }
+            }
+        }
+        self.classes = classes.len();
+        self
+    }
+
+    pub fn class(&self, pool: usize, class: usize, stat: ClassStat) -> Option<Id> {
+        if class >= self.classes {
+            return None;
+        }
+        let at = (pool * self.classes + class) * ClassStat::ALL.len() + stat.index();
+        self.class_ids.get(at).copied().flatten()
     }
 
     fn at(&self, pool: usize, offset: usize) -> Option<Id> {
@@ -413,6 +526,12 @@ impl<Id: Copy, W: StatWriter<Id>> Metrics for Sink<'_, Id, W> {
             self.writer.write(pool, id, Write::Record(ms));
         }
     }
+
+    fn class(&mut self, pool: usize, class: usize, stat: ClassStat, write: Write) {
+        if let Some(id) = self.catalogue.class(pool, class, stat) {
+            self.writer.write(pool, id, write);
+        }
+    }
 }
 
 /// The values one worker last wrote to each gauge of each pool, so a write that repeats one is
@@ -462,6 +581,10 @@ impl Metrics for Cached<'_> {
     fn histogram(&mut self, pool: usize, h: Histogram, ms: u64) {
         self.sink.histogram(pool, h, ms);
     }
+
+    fn class(&mut self, pool: usize, class: usize, stat: ClassStat, write: Write) {
+        self.sink.class(pool, class, stat, write);
+    }
 }
 
 /// A recording sink for tests.
@@ -476,6 +599,8 @@ pub struct Recorded {
     pub fleet_call_ms: Vec<(usize, u64)>,
     /// `input_prediction_error_pct` and `output_prediction_error_pct`.
     pub prediction_error_pct: Vec<(usize, Histogram, u64)>,
+    /// Writes to hold classes' stats: (pool, class, stat, write).
+    pub classes: Vec<(usize, usize, ClassStat, Write)>,
 }
 
 impl Recorded {
@@ -492,6 +617,19 @@ impl Recorded {
             .rev()
             .find(|(p, x, _)| *p == pool && *x == g)
             .map(|(_, _, v)| *v)
+    }
+
+    /// Counts (or, for the gauge, the sum of moves) of a hold class's stat.
+    pub fn class_total(&self, pool: usize, class: usize, stat: ClassStat) -> i64 {
+        let mine = self
+            .classes
+            .iter()
+            .filter(|(p, c, s, _)| (*p, *c, *s) == (pool, class, stat));
+        mine.map(|(_, _, _, w)| match w {
+            Write::Move(d) => *d,
+            _ => 1,
+        })
+        .sum()
     }
 
     pub fn sum(&self, pool: usize, g: Gauge) -> i64 {
@@ -522,6 +660,9 @@ impl Metrics for Recorded {
                 self.prediction_error_pct.push((pool, h, ms))
             }
         }
+    }
+    fn class(&mut self, pool: usize, class: usize, stat: ClassStat, write: Write) {
+        self.classes.push((pool, class, stat, write));
     }
 }
 

@@ -3,7 +3,8 @@
 //! request headers (and body, when read) once, into the `Flow` the rest of the policy reads.
 
 use crate::classify::Dialect;
-use crate::config::{Config, LimitKey, LimitKind, Pool};
+use crate::config::{Config, LimitKey, LimitKind, Match, Pool};
+use crate::deadline;
 use crate::estimate;
 use crate::fleet::limits::FleetLimits;
 use crate::headers::Headers;
@@ -40,7 +41,9 @@ impl Ids {
             keys_by_model: cfg
                 .limits
                 .iter()
-                .any(|l| matches!(l.key, LimitKey::Model { .. })),
+                .map(|l| &l.key)
+                .chain(&cfg.hold.fair_key)
+                .any(|k| matches!(k, LimitKey::Model { .. })),
             key,
         }
     }
@@ -87,10 +90,23 @@ impl<'a> Pools<'a> {
             .map_or(keys::NO_ACCOUNT, |v| self.ids.id(v))
     }
 
-    /// Everything the policy needs from the request headers, read once. `hold_budget_ms` is
-    /// how long it may be held from its arrival (0: not at all).
-    pub fn flow_for(&self, req: &RequestView, hold_budget_ms: u64) -> Flow {
+    /// Everything the policy needs from the request headers, read once: among it, its hold
+    /// class and how long it may be held from its arrival.
+    pub fn flow_for(&self, req: &RequestView) -> Flow {
         let pool = self.pool_for(req);
+        let hold = &self.cfg.hold;
+        let hold_class = match hold.classes.len() {
+            1 => 0,
+            n => hold.classes[..n - 1]
+                .iter()
+                .position(|c| matches(&c.matcher, req))
+                .unwrap_or(n - 1),
+        };
+        let fair_id = hold
+            .fair_key
+            .as_ref()
+            .and_then(LimitKey::header)
+            .map_or(0, |name| self.ids.id(req.headers.get(name).unwrap_or(b"-")));
         let client_account = self.account_of(&req.headers);
         let header_ids = self
             .cfg
@@ -125,9 +141,11 @@ impl<'a> Pools<'a> {
             limit_keys: Vec::new(),
             charges: Vec::new(),
             slots: Vec::new(),
-            released: false,
+            released: None,
             held_ms: None,
-            hold: HoldDeadline::new(hold_budget_ms),
+            hold: HoldDeadline::new(deadline::hold_budget_ms(hold, hold_class, &req.headers)),
+            hold_class,
+            fair_id,
             client_retry: is_client_retry(&req.headers),
             fleet: None,
         };
@@ -197,6 +215,20 @@ impl<'a> Pools<'a> {
         })
     }
 
+    /// The value of `hold.fair_key` for the flow (0 without one): whose turn a release is.
+    pub fn fair_value(&self, flow: &Flow) -> u64 {
+        match self.cfg.hold.fair_key {
+            None => 0,
+            Some(LimitKey::Header(_)) => flow.fair_id,
+            Some(LimitKey::Account) => flow.client_account,
+            Some(LimitKey::Pool) => self.ids.pool_ids[flow.home_pool],
+            Some(LimitKey::Model { header: None }) => flow.model_id,
+            Some(LimitKey::Model { header: Some(_) }) => {
+                self.ids.key.mix(flow.fair_id, flow.model_id)
+            }
+        }
+    }
+
     /// The pool the request was steered to, when it was.
     pub fn steered_to(&self, flow: &Flow) -> Option<&'a str> {
         (flow.pool != flow.home_pool).then(|| self.cfg.pools[flow.pool].name.as_str())
@@ -219,7 +251,11 @@ fn strip_bearer(v: &[u8]) -> &[u8] {
 }
 
 fn pool_matches(p: &Pool, req: &RequestView) -> bool {
-    let m = &p.matcher;
+    matches(&p.matcher, req)
+}
+
+/// Whether `req` meets every condition of `m` (a pool's or a hold class's).
+fn matches(m: &Match, req: &RequestView) -> bool {
     m.path_prefix
         .as_ref()
         .map_or(true, |pre| req.path.starts_with(pre.as_bytes()))
@@ -228,7 +264,7 @@ fn pool_matches(p: &Pool, req: &RequestView) -> bool {
             .map_or(true, |a| req.authority.eq_ignore_ascii_case(a.as_bytes()))
         && m.header.as_ref().map_or(true, |(n, v)| {
             // The steering header is only ever the policy's own: a pool matched on it is
-            // reached by steering alone, never by what a client sends.
+            // reached by steering alone, never by what a client sends (a class, never).
             n != STEERING_HEADER && req.headers.get(n) == Some(v.as_bytes())
         })
 }

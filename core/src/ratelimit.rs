@@ -56,6 +56,9 @@ pub struct Snapshot {
     pub tokens: Window,
     pub input_tokens: Window,
     pub output_tokens: Window,
+    /// Its resets were durations (OpenAI, the IETF fields), which count from when the provider
+    /// took the request, not from when its answer arrived; Anthropic's are instants.
+    pub durations: bool,
 }
 
 impl Snapshot {
@@ -291,6 +294,7 @@ pub fn parse(h: &Headers, now: &dyn Fn() -> u64) -> Snapshot {
             w.limit = uint(limit);
             w.remaining = uint(remaining);
             w.reset_ms = text(reset).and_then(time::parse_go_duration_ms);
+            snap.durations |= w.reset_ms.is_some();
         }
     }
     // Anthropic's family fills what OpenAI headers did not.
@@ -309,6 +313,7 @@ pub fn parse(h: &Headers, now: &dyn Fn() -> u64) -> Snapshot {
     // IETF fields describe requests unless a provider-specific family already did.
     if any_ietf && snap.requests.is_empty() {
         snap.requests = parse_ietf(&ietf);
+        snap.durations |= snap.requests.reset_ms.is_some();
     }
     snap
 }

@@ -127,17 +127,28 @@ impl LocalReply {
 
 /// On every response to a request the gateway held: how long it held it.
 pub const HELD_MS_HEADER: &str = "x-llm-governor-held-ms";
+/// With `hold.classes`, on every response to a request the gateway held and on every local
+/// answer: the request's hold class.
+pub const HOLD_CLASS_HEADER: &str = "x-llm-governor-hold-class";
 
 /// What Envoy's access log can read of a governed answer, as filter state: the header each
 /// field is copied from, and its key (`%FILTER_STATE(wasm.llm_governor.class:PLAIN)%`, ...).
 /// Part of the observability contract.
-pub const ACCESS_LOG_FIELDS: [(&str, &str); 5] = [
+pub const ACCESS_LOG_FIELDS: [(&str, &str); 6] = [
     ("x-llm-governor-class", "llm_governor.class"),
     ("x-llm-governor-source", "llm_governor.source"),
     ("retry-after-ms", "llm_governor.delay_ms"),
     (HELD_MS_HEADER, "llm_governor.held_ms"),
     (STEERING_HEADER, "llm_governor.pool"),
+    (HOLD_CLASS_HEADER, "llm_governor.hold_class"),
 ];
+
+/// With `hold.classes`, the header naming the flow's hold class.
+pub fn hold_class(cfg: &Config, flow: &Flow) -> Option<(&'static str, String)> {
+    let classes = &cfg.hold.classes;
+    let class = classes.get(flow.hold_class).filter(|_| classes.len() > 1)?;
+    Some((HOLD_CLASS_HEADER, class.name.clone()))
+}
 
 /// The access-log fields (filter-state key, value) that `headers` carry.
 pub fn access_log(headers: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
@@ -355,6 +366,7 @@ impl<'a> Replies<'a> {
         if let Some(held) = flow.held_ms {
             reply.held(held);
         }
+        reply.headers.extend(hold_class(self.cfg, flow));
         reply
     }
 

@@ -4,6 +4,7 @@
 //! the jobs that fill it live in their own modules (`pools`, `admission`, `limits`, `fleet`).
 
 use crate::classify::Dialect;
+use crate::cooldown::Ticket;
 use crate::counting::Prediction;
 use crate::estimate::Estimate;
 use crate::headers::Headers;
@@ -65,12 +66,16 @@ pub struct Flow {
     pub charges: Vec<Charge>,
     /// `max_in_flight` slots this request holds until its stream ends.
     pub slots: Vec<HeldSlot>,
-    /// It took a release of the pace after a cooldown; its answer is owed to the pace.
-    pub released: bool,
+    /// The release of the pace it took after a cooldown; its answer is owed to the pace.
+    pub released: Option<Release>,
     /// How long the gateway held it, when it did.
     pub held_ms: Option<u64>,
     /// Until when it may be held: its arrival plus its hold budget.
     pub hold: HoldDeadline,
+    /// Its class of held requests (`hold.classes`; the last is the implicit `default`).
+    pub hold_class: usize,
+    /// The id of its `hold.fair_key` header's value (0 without a header fair key).
+    pub fair_id: u64,
     /// The client says this attempt is a retry (`x-stainless-retry-count` > 0).
     pub client_retry: bool,
     /// What fleet limits need of the request (None without fleet limits: one pointer).
@@ -98,6 +103,15 @@ pub struct Charge {
     pub key: String,
     /// Tokens reserved before forwarding; 0 when the budget is charged after the response.
     pub reserved: u64,
+}
+
+/// A release of the pace after a cooldown, as the request that took it keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// Its place among the pace's releases.
+    pub ticket: Ticket,
+    /// When it was handed out, Unix ms.
+    pub at_ms: u64,
 }
 
 /// A `max_in_flight` slot a request holds until its stream ends.
@@ -176,7 +190,7 @@ impl Flow {
 
     /// Whether its stream's end must be reported: slots to give back, a pace answer owed.
     pub fn owes_at_end(&self) -> bool {
-        !self.slots.is_empty() || self.released || self.fleet_charged()
+        !self.slots.is_empty() || self.released.is_some() || self.fleet_charged()
     }
 
     /// Whether the fleet charged it a token budget, settled at the end.

@@ -107,7 +107,10 @@ impl<'a> Responses<'a> {
         let steered = (flow.pool != flow.home_pool)
             .then(|| (STEERING_HEADER, self.cfg.pools[flow.pool].name.clone()));
         let held = flow.held_ms.map(|ms| (HELD_MS_HEADER, ms.to_string()));
-        let told = steered.into_iter().chain(held).collect();
+        let class = held
+            .as_ref()
+            .and_then(|_| reply::hold_class(self.cfg, flow));
+        let told = steered.into_iter().chain(held).chain(class).collect();
         let scan_usage = flow.charged() && (200..300).contains(&status) && !end_of_stream;
         let governed = classify::is_governed_status(status);
         // An error the provider sent used no tokens: its reservations are given back. Envoy's
@@ -187,7 +190,10 @@ impl<'a> Responses<'a> {
         // dimension: the provider's own remaining below it paces before any 429.
         let need = self.limits.need(flow);
         if self.cfg.preemptive {
-            if let Some(reset) = snap.short_wait_ms(&need).filter(|ms| *ms > 0) {
+            let wait = snap
+                .short_wait_ms(&need)
+                .map(|ms| since_release(flow, snap, ms, env));
+            if let Some(reset) = wait.filter(|ms| *ms > 0) {
                 let ms = reset.min(self.cfg.cooldown.max_ms);
                 let wanted = Some(Wanted {
                     class: Class::RateLimited,
@@ -202,7 +208,7 @@ impl<'a> Responses<'a> {
                 return;
             }
         }
-        if flow.released || flow.streak > 0 {
+        if flow.released.is_some() || flow.streak > 0 {
             // The pace releases no more than the provider says fit: its remaining requests,
             // and its remaining tokens over what a request like this one needs.
             let answer = Answer::Success {
@@ -299,7 +305,7 @@ impl<'a> Responses<'a> {
             let answer = Answer::NotNow { requests_left };
             self.cooldowns.cool(flow, wanted, streak, answer, env);
         } else {
-            flow.released = false;
+            flow.released = None;
         }
         // Nothing is replayed, but the client's retry will be steered to a pool with room:
         // worth making at once, whatever this pool said.
@@ -317,6 +323,17 @@ impl<'a> Responses<'a> {
             provider_ms,
             headers: reply::retry_headers(class, AnswerSource::Upstream, delay_ms, should_retry),
         })
+    }
+}
+
+/// A wait the provider gave as a duration counts from when it took the request: for a request
+/// the pace released, from its release. Counted from the answer, each round of a provider that
+/// answers slowly waited its whole latency more than the provider asked, every round (a 500 ms
+/// latency used 80 % of the provider's pace at best). An instant (Anthropic's) is left as is.
+fn since_release(flow: &Flow, snap: &Snapshot, wait_ms: u64, env: &mut Env) -> u64 {
+    match flow.released {
+        Some(r) if snap.durations => wait_ms.saturating_sub(env.now().saturating_sub(r.at_ms)),
+        _ => wait_ms,
     }
 }
 

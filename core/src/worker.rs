@@ -5,7 +5,6 @@
 //! The Worker sequences; it decides nothing a job's own type decides (`hold`, `fleet::ask`,
 //! `fleet::handoff`, `response`, `reply`); a stream's state lives in `stream` until its end.
 
-use crate::deadline;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
@@ -107,11 +106,11 @@ impl Worker {
     }
 
     /// A worker that draws its jitter from `rng` (tests fix it).
-    pub fn with_random(gov: Arc<Governor>, rng: Box<dyn Random + Send>) -> Worker {
+    pub fn with_random(gov: Arc<Governor>, mut rng: Box<dyn Random + Send>) -> Worker {
         Worker {
             gov,
             streams: Streams::default(),
-            holds: Holds::new(),
+            holds: Holds::new(rng.unit().to_bits()),
             body: BodyCapability::default(),
             leases: Leases::default(),
             rng,
@@ -223,8 +222,7 @@ impl Worker {
         // A request nothing is cooling or limiting by time is decided without the clock.
         let clock = Clock::lazy(lent.clock);
         let g = &*self.gov;
-        let budget_ms = deadline::hold_budget_ms(&g.cfg.hold, &view.headers);
-        let mut flow = g.pools().flow_for(view, budget_ms);
+        let mut flow = g.pools().flow_for(view);
         if g.reads_body() && !end_of_stream && self.body.expected(|| clock.now()) {
             // A limit reserves tokens (or keys by model): admission waits for the body.
             flow.hold.fix(|| clock.now()); // the stream leaves its arrival callback
@@ -398,7 +396,7 @@ impl Worker {
         let (mut flow, usage) = match stream {
             Stream::Upstream { flow, usage } => (flow, usage.and_then(|s| s.usage())),
             Stream::AwaitingErrorBody { flow, .. } => (flow, None),
-            Stream::Held { .. } => return drop(holds.forget(id, &mut env)),
+            Stream::Held { .. } => return drop(holds.forget(g, id, &mut env)),
             Stream::AwaitingFleet { mut flow, ask, .. } => {
                 // Gone before the fleet answered: what it took goes back, and what the fleet
                 // reserved for it so far is released.

@@ -172,7 +172,7 @@ fn invalid_configs_name_the_field() {
         (r#"{"bogus": 1}"#, "bogus: unknown field (expected one of: pools, account_headers, retry_after, cooldown, preemptive, limits, max_keys, hold, fleet)"),
         // An unknown field is named before any value of its object is looked at, and
         // fields are checked in the DTO's order, not the file's or the alphabet's.
-        (r#"{"hold": {"max_ms": -1, "zz": 1}}"#, "hold.zz: unknown field (expected one of: max_ms, max_held, margin_ms, deadline_headers)"),
+        (r#"{"hold": {"max_ms": -1, "zz": 1}}"#, "hold.zz: unknown field (expected one of: max_ms, max_held, margin_ms, deadline_headers, fair_key, classes)"),
         (r#"{"account_headers": 1, "pools": 1}"#, "pools: must be an array, got a number"),
         // pools
         (r#"{"pools": {}}"#, "pools: must be an array, got an object"),
@@ -263,7 +263,25 @@ fn invalid_configs_name_the_field() {
         (r#"{"hold": {"deadline_headers": "x-timeout"}}"#, "hold.deadline_headers: must be an array, got a string"),
         (r#"{"hold": {"deadline_headers": ["a", "b", "c", "d", "e", "f", "g", "h", "i",
                    "j", "k", "l", "m", "n", "o", "p", "q"]}}"#, "hold.deadline_headers: at most 16 entries"),
-        (r#"{"hold": {"max": 5}}"#, "hold.max: unknown field (expected one of: max_ms, max_held, margin_ms, deadline_headers)"),
+        (r#"{"hold": {"max": 5}}"#, "hold.max: unknown field (expected one of: max_ms, max_held, margin_ms, deadline_headers, fair_key, classes)"),
+        // hold: who goes first
+        (r#"{"hold": {"fair_key": "tenant"}}"#, "hold.fair_key: must be \"header:<name>\", \"header:<name>+model\", \"account\", \"pool\" or \"model\", got \"tenant\""),
+        (r#"{"hold": {"classes": {}}}"#, "hold.classes: must be an array, got an object"),
+        (r#"{"hold": {"classes": [{}]}}"#, "hold.classes[0].name: is required"),
+        (r#"{"hold": {"classes": [{"name": "Chat"}]}}"#, "hold.classes[0].name: must match [a-z0-9_-]{1,32}, got \"Chat\""),
+        (r#"{"hold": {"classes": [{"name": "default"}]}}"#, "hold.classes[0].name: \"default\" is reserved for held requests that match no class"),
+        (r#"{"hold": {"classes": [{"name": "chat", "weight": 0}]}}"#, "hold.classes[0].weight: must be between 1 and 1000"),
+        (r#"{"hold": {"classes": [{"name": "chat", "weight": 1000000}]}}"#, "hold.classes[0].weight: must be between 1 and 1000"),
+        (r#"{"hold": {"classes": [{"name": "chat", "weight": 2.5}]}}"#, "hold.classes[0].weight: must be an integer between 1 and 1000"),
+        (r#"{"hold": {"classes": [{"name": "chat", "max_ms": 300001}]}}"#, "hold.classes[0].max_ms: must be between 0 and 300000"),
+        (r#"{"hold": {"classes": [{"name": "chat", "max_held": -1}]}}"#, "hold.classes[0].max_held: must be an integer between 0 and 100000"),
+        (r#"{"hold": {"classes": [{"name": "chat", "priority": 1}]}}"#, "hold.classes[0].priority: unknown field (expected one of: name, match, weight, max_ms, max_held)"),
+        (r#"{"hold": {"classes": [{"name": "chat", "match": {"header": {"name": "x-tier"}}}]}}"#, "hold.classes[0].match.header.value: is required"),
+        (r#"{"hold": {"classes": [{"name": "a"}, {"name": "a", "match": {"path_prefix": "/v1"}}]}}"#, "hold.classes[1].name: duplicate class name \"a\""),
+        (r#"{"hold": {"classes": [{"name": "all"}, {"name": "chat", "match": {"path_prefix": "/v1"}}]}}"#, "hold.classes[1].match: matches no request: hold.classes[0] (\"all\") comes first and matches every request this one matches"),
+        (r#"{"hold": {"classes": [{"name": "v1", "match": {"path_prefix": "/v1"}}, {"name": "chat", "match": {"path_prefix": "/v1/chat"}}]}}"#, "hold.classes[1].match: matches no request: hold.classes[0] (\"v1\") comes first and matches every request this one matches"),
+        (r#"{"hold": {"classes": [{"name": "a", "match": {"header": {"name": "x-tier", "value": "1"}}}, {"name": "b", "match": {"header": {"name": "x-tier", "value": "1"}, "path_prefix": "/v1"}}]}}"#, "hold.classes[1].match: matches no request: hold.classes[0] (\"a\") comes first and matches every request this one matches"),
+        (r#"{"hold": {"classes": [{"name": "a", "match": {"header": {"name": "x-llm-governor-pool", "value": "x"}}}]}}"#, "hold.classes[0].match.header.name: x-llm-governor-pool is the filter's own (a client's is removed): it matches no request"),
         // fleet
         (r#"{"fleet": {}}"#, "fleet.cluster: is required"),
         (r#"{"fleet": {"cluster": ""}}"#, "fleet.cluster: must be an Envoy cluster name (1 to 255 printable bytes), got \"\""),
@@ -360,4 +378,50 @@ fn match_authority_is_stored_lowercase() {
         Some("api.openai.com")
     );
     assert_eq!(cfg.pools[0].matcher.path_prefix.as_deref(), Some("/v1/"));
+}
+
+#[test]
+fn hold_classes_keep_their_order_and_the_implicit_default_class_comes_last() {
+    let cfg = config::parse(
+        br#"{"hold": {"max_ms": 0, "fair_key": "header:X-Tenant-Id", "classes": [
+          {"name": "interactive", "match": {"header": {"name": "x-tenant-id", "value": "chat"}}, "weight": 4, "max_ms": 8000},
+          {"name": "batch", "match": {"path_prefix": "/v1/batch"}, "max_ms": 120000, "max_held": 50}]}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let hold = &cfg.hold;
+    assert_eq!(hold.fair_key, Some(LimitKey::Header("x-tenant-id".into())));
+    let rows: Vec<(&str, u64, u64, u64)> = (0..hold.classes.len())
+        .map(|c| {
+            let class = &hold.classes[c];
+            (
+                class.name.as_str(),
+                class.weight,
+                hold.max_ms_of(c),
+                hold.max_held_of(c),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("interactive", 4, 8_000, 1000),
+            ("batch", 1, 120_000, 50),
+            // hold.max_ms 0: requests of no class are not held; the classes still are.
+            ("default", 1, 0, 1000),
+        ]
+    );
+    assert!(
+        hold.enabled(),
+        "a class holds, so the pace rations releases"
+    );
+    let none =
+        config::parse(br#"{"hold": {"classes": [{"name": "all", "max_ms": 0}], "max_ms": 0}}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!none.hold.enabled());
+    let too_many: Vec<String> = (0..17)
+        .map(|i| format!(r#"{{"name": "c{i}", "match": {{"path_prefix": "/{i}"}}}}"#))
+        .collect();
+    let json = format!(r#"{{"hold": {{"classes": [{}]}}}}"#, too_many.join(","));
+    let e = config::parse(json.as_bytes()).map(|_| ()).unwrap_err();
+    assert_eq!(e.to_string(), "hold.classes: at most 16 entries");
 }

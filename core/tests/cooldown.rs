@@ -440,7 +440,7 @@ fn records_keep_their_byte_layouts() {
             credits: 0x3132,
             out: 0x4142,
             last_release_ms: 0x5152_5354_5556_5758,
-            floor: 0x7172,
+            seq: 0x7172,
         },
         burst_end_ms: 0x6162_6364_6566_6768,
     };
@@ -452,7 +452,7 @@ fn records_keep_their_byte_layouts() {
         0x32, 0x31, 0x42, 0x41, // credits, out
         0x58, 0x57, 0x56, 0x55, 0x54, 0x53, 0x52, 0x51, // last_release_ms
         0x68, 0x67, 0x66, 0x65, 0x64, 0x63, 0x62, 0x61, // burst_end_ms
-        0x72, 0x71, // pace floor
+        0x72, 0x71, // pace release count
     ];
     assert_eq!(rec.encode(), want);
     assert_eq!(CooldownRecord::decode(&want), Some(rec));

@@ -53,7 +53,7 @@ fn each_rule_of_merge() {
         credits: 3,
         out: 1,
         last_release_ms: NOW - 50,
-        floor: 4,
+        seq: 4,
     };
     #[rustfmt::skip]
     let rows: [Row; 9] = [

@@ -69,7 +69,7 @@ fn run_asking(cfg: &str, turn: bool, says: &[Says]) -> (Vec<Vec<Method>>, Verdic
     let hs = owned(&[("x-tenant-id", "acme")]);
     let gov = host.worker.governor();
     let fleet = gov.fleet().expect("fleet limits").clone();
-    let mut flow = gov.pools().flow_for(&view("/v1/chat/completions", &hs), 0);
+    let mut flow = gov.pools().flow_for(&view("/v1/chat/completions", &hs));
     gov.pools()
         .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
     let cfg = gov.cfg.clone();

@@ -7,8 +7,8 @@ mod common;
 
 use common::provider::{A, B, PATH, QUOTA, RL};
 use common::reactions::set_headers;
-use common::Step;
-use common::{answered, cool, flows, go, gone, header, Host};
+use common::{answered, cool, flows, go, gone, header, tick_all, Host};
+use common::{Sent, Step};
 use llm_governor_core::config::Hold;
 use llm_governor_core::cooldown::CLOCK_GRAIN_MS as GRAIN;
 use llm_governor_core::deadline;
@@ -67,11 +67,11 @@ fn a_cooldown_ends_with_one_probe_then_as_many_as_the_provider_has_left() {
         held_ms,
         "told it was held"
     );
-    let next = host.tick();
+    let next = tick_all(&mut host);
     assert_eq!(
         gone(&next),
         [2, 3],
-        "remaining 2: two more, in arrival order"
+        "remaining 2: two more, in arrival order, one a tick"
     );
     assert!(host.tick().is_empty());
     assert_eq!(host.metrics.count_of(0, Counter::HoldReleased), 3);
@@ -88,7 +88,7 @@ fn without_a_remaining_header_releases_double_with_each_success() {
     host.advance(1_000 + GRAIN);
     let mut rounds = Vec::new();
     for _ in 0..4 {
-        let out = flows(host.tick());
+        let out = flows(tick_all(&mut host));
         rounds.push(out.iter().map(|(id, _)| *id).collect::<Vec<_>>());
         for (_, f) in out {
             host.respond(&f, 200, &[], "");
@@ -102,14 +102,96 @@ fn without_a_remaining_header_releases_double_with_each_success() {
 }
 
 #[test]
-fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
+fn releases_that_trickle_one_at_a_time_open_what_a_freed_window_says_again() {
+    // A slow provider (answers take longer than its window takes to free a slot): the probe's
+    // answer leaves room for one, and that one's answer, from a window that freed meanwhile,
+    // says 8 are left. The pace once kept the round's fewest (1) until a probe that never
+    // came: one request on its way at a time, 2 a second at a 500 ms latency instead of 5.
     let mut host = Host::new(CFG);
-    cool(&mut host, "1");
-    for id in 1..=3 {
+    let probe = held_through_a_cooldown(&mut host, 12);
+    assert_eq!(gone_ids(&probe), [1]);
+    host.advance(500);
+    host.respond(
+        &probe[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "1")],
+        "",
+    );
+    let one = flows(host.tick());
+    assert_eq!(gone_ids(&one), [2], "room for one");
+    host.advance(500);
+    host.respond(
+        &one[0].1,
+        200,
+        &[("x-ratelimit-remaining-requests", "8")],
+        "",
+    );
+    assert_eq!(
+        gone(&tick_all(&mut host)),
+        [3, 4, 5, 6, 7, 8, 9, 10],
+        "the window freed: eight"
+    );
+}
+
+#[test]
+fn a_slow_answers_reset_counts_from_the_release_when_it_is_a_duration() {
+    // The probe goes 1,001 ms after T0 and is answered 400 ms later with nothing left. OpenAI
+    // states the reset as a duration from when it took the request: the window reopens at
+    // the release + 1,599 ms, not 1,599 ms after the slow answer. Anthropic states an instant.
+    type Row<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    let rows: [Row; 2] = [
+        (
+            "duration",
+            &[
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "1599ms"),
+            ],
+            1_001 + 1_599,
+        ),
+        (
+            "instant",
+            &[
+                ("anthropic-ratelimit-requests-remaining", "0"),
+                ("anthropic-ratelimit-requests-reset", "2026-11-30T16:20:03Z"),
+            ],
+            3_000,
+        ),
+    ];
+    for (what, headers, opens_at) in rows {
+        let mut host = Host::new(CFG);
+        let probe = held_through_a_cooldown(&mut host, 3);
+        assert_eq!(gone_ids(&probe), [1], "{what}");
+        host.advance(400);
+        host.respond(&probe[0].1, 200, headers, "");
+        host.now_ms = common::T0 + opens_at;
+        assert!(
+            host.tick().is_empty(),
+            "{what}: not before the window reopens"
+        );
+        host.advance(GRAIN);
+        assert_eq!(gone(&host.tick()), [2], "{what}: the next probe, on time");
+    }
+}
+
+fn gone_ids(flows: &[(u32, impl Sized)]) -> Vec<u32> {
+    flows.iter().map(|(id, _)| *id).collect()
+}
+
+/// Account A cools for 1 s with requests 1 to `n` held; the cooldown ends: what the tick
+/// lets go (the probe).
+fn held_through_a_cooldown(host: &mut Host, n: u32) -> Vec<(u32, Sent)> {
+    cool(host, "1");
+    for id in 1..=n {
         held(host.arrive(id, PATH, &[A]));
     }
     host.advance(1_000 + GRAIN);
-    let probe = flows(host.tick());
+    flows(host.tick())
+}
+
+#[test]
+fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
+    let mut host = Host::new(CFG);
+    let probe = held_through_a_cooldown(&mut host, 3);
     assert_eq!(probe.len(), 1);
     host.respond(&probe[0].1, 429, &[("retry-after", "2")], RL);
     host.advance(2_000);
@@ -125,12 +207,7 @@ fn a_429_on_the_probe_cools_again_and_the_rest_stay_held() {
 #[test]
 fn an_unanswered_probe_lets_one_more_go_after_the_patience() {
     let mut host = Host::new(CFG);
-    cool(&mut host, "1");
-    for id in 1..=3 {
-        held(host.arrive(id, PATH, &[A]));
-    }
-    host.advance(1_000 + GRAIN);
-    assert_eq!(gone(&host.tick()), [1]);
+    assert_eq!(gone_ids(&held_through_a_cooldown(&mut host, 3)), [1]);
     host.advance(999);
     assert!(host.tick().is_empty());
     host.advance(1);
@@ -341,7 +418,7 @@ fn budget(cfg: &Hold, headers: RawHeaders) -> u64 {
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_vec()))
         .collect();
-    deadline::hold_budget_ms(cfg, &Headers::new(&hs))
+    deadline::hold_budget_ms(cfg, 0, &Headers::new(&hs))
 }
 
 #[test]
@@ -428,7 +505,7 @@ fn after_a_429_that_reported_requests_left_releases_double_instead_of_trusting_r
         &[("x-ratelimit-remaining-requests", "59")],
         "",
     );
-    assert_eq!(gone(&host.tick()), [2, 3], "two, not all seven");
+    assert_eq!(gone(&tick_all(&mut host)), [2, 3], "two, not all seven");
 }
 
 #[test]
@@ -464,43 +541,57 @@ fn without_holding_the_first_deadline_of_a_burst_lets_clients_through() {
 }
 
 #[test]
-fn a_held_request_answered_when_its_wait_outgrows_its_deadline_is_told_its_turn() {
-    // One request a second (burst 1): the queue behind the head drains a request a second, so
-    // the n-th behind the head is told the head's wait plus n seconds, not the head's wait
-    // alone (which would send them all back at once to queue again).
+fn a_request_whose_turn_cannot_come_in_time_is_told_its_turn_at_once_one_after_another() {
+    // One request a second (burst 1): the queue drains a request a second, so a request that
+    // cannot wait for its turn is answered at once with it (the head's wait plus one second
+    // for each ahead of it), and those answered after it one second later each (they come
+    // back one after another, not all at once to queue again).
     let mut host = Host::new(
         r#"{"limits": [{"name": "rps", "key": "pool", "requests_per_minute": 60, "burst": 1}]}"#,
     );
     go(host.arrive(1, PATH, &[A]));
     let deadline = [A, ("x-envoy-expected-rq-timeout-ms", "3500")]; // 1.5 s to hold
-    for id in 2..=6 {
-        held(host.arrive(id, PATH, &deadline));
-    }
-    host.advance(1_000);
-    let out = host.tick();
-    assert_eq!(gone(&out), [2], "the head goes when its token has refilled");
-    assert_eq!(
-        answered(&out),
-        [3, 4, 5, 6],
-        "the others cannot make it in 1.5 s"
-    );
-    let told: Vec<String> = out
-        .iter()
-        .filter_map(|(_, s)| match s {
-            Step::Reply(r) => Some(header(&r.headers, "retry-after-ms").to_string()),
-            _ => None,
+    held(host.arrive(2, PATH, &deadline));
+    let told: Vec<String> = (3..=6)
+        .map(|id| {
+            let h = reply_headers(host.arrive(id, PATH, &deadline));
+            header(&h, "retry-after-ms").to_string()
         })
         .collect();
-    assert_eq!(told, ["1000", "2000", "3000", "4000"]);
-    // A request that arrives behind a queue it cannot wait through is told its place too:
-    // three ahead of it (one after the head), then its own token.
+    assert_eq!(
+        told,
+        ["2000", "3000", "4000", "5000"],
+        "behind 2, due in 1 s"
+    );
+    host.advance(1_000);
+    assert_eq!(
+        gone(&host.tick()),
+        [2],
+        "the head goes when its token has refilled"
+    );
+    // A held request whose turn slipped past its limit (the worker ticked late, say) is
+    // answered at its deadline with its turn: one ahead of it, then its own.
     held(host.arrive(7, PATH, &[A]));
     held(host.arrive(8, PATH, &[A]));
-    let h = reply_headers(host.arrive(9, PATH, &[A, ("x-envoy-expected-rq-timeout-ms", "2500")]));
+    held(host.arrive(9, PATH, &[A]));
+    held(host.arrive(10, PATH, &[A, ("x-envoy-expected-rq-timeout-ms", "6000")]));
+    host.advance(3_000);
+    assert_eq!(gone(&host.tick()), [7], "late: one token, not three");
+    host.advance(1_000);
+    let out = host.tick();
+    assert_eq!(gone(&out), [8]);
     assert_eq!(
-        header(&h, "retry-after-ms"),
-        "3000",
-        "head 7 in 1 s, then 8, then 9"
+        answered(&out),
+        [10],
+        "its 4 s are up; 9 is still ahead of it"
+    );
+    let Step::Reply(r) = &out[1].1 else {
+        panic!("a local answer");
+    };
+    assert_eq!(
+        header(&r.headers, "retry-after-ms"),
+        "2000",
+        "9 in 1 s, then 10"
     );
 }
 
@@ -527,7 +618,7 @@ fn after_a_cooldown_the_pace_reads_anthropics_remaining_requests_too() {
         "",
     );
     assert_eq!(
-        gone(&host.tick()),
+        gone(&tick_all(&mut host)),
         [2, 3, 4],
         "Anthropic's remaining 3: three more"
     );
@@ -565,7 +656,7 @@ fn after_a_cooldown_the_pace_releases_what_the_remaining_tokens_hold_for_a_reque
         "",
     );
     assert_eq!(
-        gone(&host.tick()),
+        gone(&tick_all(&mut host)),
         [2, 3],
         "tokens for two more of this size"
     );

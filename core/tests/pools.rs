@@ -18,7 +18,7 @@ fn pool_of(host: &mut Host, authority: &str, path: &str, headers: &[(&str, &str)
         headers: Headers::new(&hs),
     };
     let governor = host.governor();
-    let flow = governor.pools().flow_for(&view, 0);
+    let flow = governor.pools().flow_for(&view);
     governor.cfg.pools[flow.pool].name.clone()
 }
 

@@ -44,7 +44,7 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
         ],
         "",
     );
-    let next = ws.tick();
+    let next = ws.tick_all();
     assert_eq!(next.len(), 3, "the provider said 3 fit: {next:?}");
     // Two of them answer at once, still with room (remaining counts down as they land).
     for (i, &(w, id)) in next.iter().enumerate().take(2) {
@@ -60,7 +60,7 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
             "",
         );
     }
-    let more = ws.tick();
+    let more = ws.tick_all();
     assert!(
         more.is_empty(),
         "the third is still on its way and nothing else fits: {more:?}"
@@ -81,7 +81,7 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
     let (w, id) = probe[0];
     ws.clock.advance(5);
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "9")], "");
-    let released = ws.tick();
+    let released = ws.tick_all();
     assert_eq!(released.len(), 9);
     // The provider took the first three released (9 -> 8, 7, 6 left), the other six are on
     // their way; the workers read the three answers newest first.
@@ -89,9 +89,101 @@ fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_say
         let (w, id) = released[k];
         ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", left)], "");
     }
-    let more = ws.tick();
+    let more = ws.tick_all();
     assert!(
         more.is_empty(),
         "6 left, 6 on their way: nothing fits: {more:?}"
+    );
+}
+
+#[test]
+fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
+    // The probe's answer leaves room for four; the four leave together. The provider takes
+    // the last one released first (another worker's, overtaking on the way): its answer says
+    // 3 left, but the other three took them. Counting only the releases after it, the pace
+    // opened three more (three 429s in a storm with a 500 ms latency); it opens none.
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(CFG), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    for i in 0..10 {
+        ws.request(i % 2, &[A]);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    let (w, id) = probe[0];
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "4")], "");
+    let burst = ws.tick_all();
+    assert_eq!(burst.len(), 4);
+    let (w, id) = burst[3];
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "3")], "");
+    let more = ws.tick();
+    assert!(
+        more.is_empty(),
+        "the other three took what it saw left: {more:?}"
+    );
+}
+
+#[test]
+fn each_worker_holding_requests_takes_its_share_of_a_round() {
+    // Worker 0 holds eight, worker 1 four. A round of six goes one release per worker and
+    // tick: three each. The first worker to tick used to take the whole round.
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(CFG), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    for w in [0; 8].into_iter().chain([1; 4]) {
+        ws.request(w, &[A]);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    assert_eq!(probe.len(), 1);
+    let (w, id) = probe[0];
+    assert_eq!(w, 0, "the probe: worker 0's first");
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
+    let round = ws.tick_all();
+    assert_eq!(round.len(), 6);
+    let on_1 = round.iter().filter(|(w, _)| *w == 1).count();
+    assert_eq!(on_1, 3, "worker 1's share: {round:?}");
+}
+
+#[test]
+fn a_tenant_held_on_one_worker_gets_its_share_of_every_workers_releases() {
+    // Batch on both workers, chat on worker 1 only. Each worker's own turns gave chat half of
+    // worker 1's releases, a quarter of all; the board the workers share gives it every other
+    // release of the (pool, account), whichever worker takes it.
+    let cfg = r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}}],
+                  "hold": {"fair_key": "header:x-tenant-id"}}"#;
+    let store = MemStore::new();
+    let mut ws = Workers::new(&governor(cfg), 2, &store);
+    let (id, _) = ws.request(0, &[A]);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    let batch = [A, ("x-tenant-id", "batch")];
+    let chat = [A, ("x-tenant-id", "chat")];
+    let mut tenant = std::collections::HashMap::new();
+    for (w, t) in [(0, &batch); 8].into_iter().chain([
+        (1, &batch),
+        (1, &batch),
+        (1, &chat),
+        (1, &chat),
+        (1, &chat),
+    ]) {
+        let (id, _) = ws.request(w, t);
+        tenant.insert((w, id), t[1].1);
+    }
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    let (w, id) = probe[0];
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
+    let round = ws.tick_all();
+    let order: Vec<&str> = round.iter().map(|k| tenant[k]).collect();
+    assert_eq!(order.len(), 6);
+    assert_eq!(
+        order.iter().filter(|t| **t == "chat").count(),
+        3,
+        "chat every other release: {order:?}"
     );
 }

@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
             .collect();
     }
     let h = Headers::new(&input.headers);
-    let budget = deadline::hold_budget_ms(&cfg, &h);
+    let budget = deadline::hold_budget_ms(&cfg, 0, &h);
     assert!(budget <= cfg.max_ms, "{budget} > max_ms {}", cfg.max_ms);
     if !cfg.enabled() {
         assert_eq!(budget, 0);

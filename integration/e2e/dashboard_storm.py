@@ -4,7 +4,7 @@ queries as Prometheus runs them. Used by test_dashboard.py and by scripts/render
 
 The gateway: Envoy with the module in front of the simulator, a fallback pool routed back to
 the same simulator under the injected credential (harness.failover_bootstrap), a tenant bucket,
-a max_in_flight cap of 2 and short holds. The storm, ~17 s, one phase after another, several
+a max_in_flight cap of 2, short holds, and the tenant's requests in a hold class of their own. The storm, ~17 s, one phase after another, several
 client threads in each:
 1. success with 400 ms latency and rate-limit headers: an Anthropic account's cap fills (a
    pool without fallback, so its requests are held, not steered), the budget gauges are set;
@@ -48,7 +48,11 @@ CONFIG = {
         {"name": "tenant-rpm", "key": "header:x-tenant-id", "requests_per_minute": 600, "burst": 10},
         {"name": "cap", "key": "account", "max_in_flight": MAX_IN_FLIGHT},
     ],
-    "hold": {"max_ms": 2500},
+    # The acme tenant's requests are a hold class of their own (the rest: `default`), so the
+    # class panels have two classes to show.
+    "hold": {"max_ms": 2500, "fair_key": "header:x-tenant-id", "classes": [
+        {"name": "tenant", "match": {"header": {"name": "x-tenant-id", "value": "acme"}}, "weight": 2},
+    ]},
 }
 
 

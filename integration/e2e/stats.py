@@ -9,7 +9,11 @@ from typing import Optional
 
 from artifacts import NATIVE
 
-STATS_TAGS = [{"tag_name": "llm_pool", "regex": r"^wasmcustom\.llm_governor\.pool\.((.+?)\.)"}]
+# The pool, then (hold.classes) the class: `...pool.openai.class.interactive.held` ->
+# llm_governor_pool_class_held{llm_pool="openai",class="interactive"}. Envoy runs each regex on the
+# name the ones before it left, so the class's matches with or without the pool in it.
+STATS_TAGS = [{"tag_name": "llm_pool", "regex": r"^wasmcustom\.llm_governor\.pool\.((.+?)\.)"},
+              {"tag_name": "class", "regex": r"^wasmcustom\.llm_governor\.pool\.(?:[^.]+\.)?class\.((.+?)\.)"}]
 POOL_STAT_PREFIX = "llm_governor.pool."
 
 
@@ -35,7 +39,11 @@ def native_family(stat: str) -> tuple:
 
 
 def native_stat_name(pool: str, stat: str) -> str:
-    """The /stats name of the native module's stat for the wasm stat `llm_governor.pool.<pool>.<stat>`."""
+    """The /stats name of the native module's stat for the wasm stat `llm_governor.pool.<pool>.<stat>`
+    (a hold class's `class.<class>.<stat>` is the family `class_<stat>` labelled `class`)."""
+    if stat.startswith("class."):
+        _, cls, rest = stat.split(".", 2)
+        return f"dynamicmodulescustom.llm_governor.class_{rest}.llm_pool.{pool}.class.{cls}"
     family, label = native_family(stat)
     name = f"dynamicmodulescustom.llm_governor.{family}.llm_pool.{pool}"
     return f"{name}.{label[0]}.{label[1]}" if label else name
@@ -100,10 +108,12 @@ def missing_native_twins(expr: str) -> list:
 
 def wasm_stat_name(native: str) -> Optional[str]:
     """The inverse of native_stat_name (None for a name that is not one of ours)."""
-    m = re.match(r"^dynamicmodulescustom\.llm_governor\.(\w+)\.llm_pool\.([a-z0-9_-]+)(?:\.(\w+)\.(\w+))?$", native)
+    m = re.match(r"^dynamicmodulescustom\.llm_governor\.(\w+)\.llm_pool\.([a-z0-9_-]+)(?:\.(\w+)\.([\w-]+))?$", native)
     if not m:
         return None
-    family, pool, _label, value = m.groups()
+    family, pool, label, value = m.groups()
+    if family.startswith("class_") and label == "class":
+        return f"{POOL_STAT_PREFIX}{pool}.class.{value}.{family[len('class_'):]}"
     stat = f"{family}_{value}" if value else family
     return f"{POOL_STAT_PREFIX}{pool}.{stat}"
 

@@ -59,6 +59,7 @@ MUST_MOVE = {
     "Wait clients are told (retry-after-ms)", "Held requests", "Hold wait", "Hold outcomes",
     "Local answers by reason", "In flight vs cap", "Requests: remaining vs limit", "Tokens: remaining vs limit",
     "Budget left", "Window resets in", "Failovers", "Client retries",
+    "Held requests by class", "Releases by class", "Hold wait by class vs its limit",
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +26,7 @@ import requests
 
 from conftest import _register, _release, module_envoy
 from harness import (NATIVE, NATIVE_PROMETHEUS_PREFIX, REPO_ROOT, WASM_MODULE, WASM_PROMETHEUS_PREFIX, Envoy,
-                     native_family, new_key, post, prometheus_series, wait_for, wasm_only)
+                     cool, native_family, new_key, post, prometheus_series, wait_for, wasm_only)
 
 POOLS = [
     {"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"},
@@ -43,7 +44,8 @@ MINIMAL_CONFIG = REPO_ROOT / "envoy" / "minimal.yaml"
 ALERTS = REPO_ROOT / "envoy" / "prometheus" / "alerts.yaml"
 DOCS = REPO_ROOT / "docs" / "observability.md"
 
-GOVERNOR_FIELDS = ("llm_governor_class", "llm_governor_source", "llm_governor_delay_ms", "llm_governor_held_ms", "llm_governor_pool")
+GOVERNOR_FIELDS = ("llm_governor_class", "llm_governor_source", "llm_governor_delay_ms", "llm_governor_held_ms", "llm_governor_pool",
+                   "llm_governor_hold_class")
 
 
 def shipped_governor_fields() -> dict:
@@ -441,6 +443,8 @@ def test_access_log_records_class_source_and_delay(sim, governor):
         # Neither held nor steered.
         "llm_governor_held_ms": None,
         "llm_governor_pool": None,
+        # No hold.classes.
+        "llm_governor_hold_class": None,
     }, entries[ids["upstream"]]
     assert governor_fields(entries[ids["cooldown"]]) == {
         "llm_governor_class": "rate_limited",
@@ -449,9 +453,74 @@ def test_access_log_records_class_source_and_delay(sim, governor):
         # Neither held nor steered.
         "llm_governor_held_ms": None,
         "llm_governor_pool": None,
+        # No hold.classes.
+        "llm_governor_hold_class": None,
     }, entries[ids["cooldown"]]
     # A response the governor left alone has no governor fields (JSON null; "-" in text logs).
     assert all(v in (None, "", "-") for v in governor_fields(entries[ids["plain"]]).values()), entries[ids["plain"]]
+
+
+CLASS_CONFIG = {
+    "pools": POOLS,
+    "hold": {"fair_key": "header:x-tenant-id", "classes": [
+        {"name": "interactive", "match": {"header": {"name": "x-tenant-id", "value": "chat"}}, "weight": 4,
+         "max_ms": 5_000},
+        {"name": "batch", "max_ms": 30_000},
+    ]},
+}
+
+
+def class_series(pool: str, cls: str, stat: str) -> str:
+    """The Prometheus series of a hold class's stat: the wasm build's through the shipped `class`
+    stats tag, the native build's family `class_<stat>` with the label `class`."""
+    prefix = NATIVE_PROMETHEUS_PREFIX if NATIVE else WASM_PROMETHEUS_PREFIX
+    return f'{prefix}class_{stat}{{llm_pool="{pool}",class="{cls}"}}'
+
+
+def test_hold_classes_are_counted_logged_and_told(sim, envoy_factory):
+    envoy = envoy_factory(CLASS_CONFIG, concurrency=1, access_log_format=ACCESS_LOG_FORMAT, stats_flush_interval="1s")
+    key = new_key()
+    ids = {name: uuid.uuid4().hex for name in ("chat", "batch", "chat-answered")}
+
+    def call(name: str, tenant: str) -> requests.Response:
+        return post(envoy, key, "openai", headers={"x-tenant-id": tenant, "x-obs-id": ids[name]})
+
+    # A 2 s cooldown: a chat and a batch request are held through it and released.
+    cool(sim, envoy, key, 2)
+    replies: dict = {}
+    threads = [threading.Thread(target=lambda n=n, t=t: replies.__setitem__(n, call(n, t)))
+               for n, t in (("chat", "chat"), ("batch", "batch"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    for name, cls in (("chat", "interactive"), ("batch", "batch")):
+        r = replies[name]
+        assert r.status_code == 200, (name, dict(r.headers))
+        assert r.headers.get("x-llm-governor-hold-class") == cls, dict(r.headers)
+        assert int(r.headers["x-llm-governor-held-ms"]) > 0
+    # An 8 s cooldown: longer than the interactive class holds (5 s), answered at once.
+    cool(sim, envoy, key, 8)
+    r = call("chat-answered", "chat")
+    assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "cooldown", dict(r.headers)
+    assert r.headers.get("x-llm-governor-hold-class") == "interactive", dict(r.headers)
+    assert "x-llm-governor-held-ms" not in r.headers
+
+    entries = access_log_entries(envoy, list(ids.values()))
+    assert [entries[ids[n]].get("llm_governor_hold_class") for n in ("chat", "batch", "chat-answered")] == [
+        "interactive", "batch", "interactive"], entries
+    # The class stats, by /stats name and as Prometheus series with the class label.
+    snapshot = stats(envoy)
+    want = {("interactive", "held"): 1, ("interactive", "hold_released"): 1, ("interactive", "held_requests"): 0,
+            ("batch", "held"): 1, ("batch", "hold_released"): 1, ("default", "held"): 0}
+    for (cls, metric), n in want.items():
+        assert snapshot[stat_name("openai", f"class.{cls}.{metric}")] == n, (cls, metric, snapshot)
+    samples = prometheus_samples(envoy)
+    for (cls, metric), n in want.items():
+        assert samples.get(class_series("openai", cls, metric)) == str(n), (cls, metric, sorted(samples)[:20])
+    # Histograms reach /stats/prometheus at the next stats flush.
+    hold_ms = class_series("openai", "interactive", "hold_ms_count")
+    assert wait_for(lambda: prometheus_samples(envoy).get(hold_ms) == "1", 5), hold_ms
 
 
 def shipped_config_text(sim_port: int, access_log: Path) -> str:
@@ -507,6 +576,8 @@ def check_shipped_config(sim, envoy: Envoy) -> None:
         # Neither held nor steered.
         "llm_governor_held_ms": None,
         "llm_governor_pool": None,
+        # No hold.classes.
+        "llm_governor_hold_class": None,
     }, entry
     # The shipped stats_tags give the contract's Prometheus names.
     assert 'llm_governor_pool_upstream_rate_limited{llm_pool="anthropic"} 1' in envoy.prometheus().splitlines()
@@ -576,14 +647,20 @@ def exported_names(envoy: Envoy) -> set:
     return names
 
 
-def test_alert_rules_use_series_envoy_exports(sim, governor):
+def test_alert_rules_use_series_envoy_exports(sim, governor, envoy_factory):
     # The rules read both builds' series (`<wasm> or <native>`): those of the artifact under
     # test must be ones its Envoy exports, with, for native, the second label's value each
     # selects (class="rate_limited"); the other build's are test_alerts.py's business.
     # Envoy creates per-response-class cluster stats on first use (and the native module its
-    # labelled stats on its first stream).
+    # labelled stats on its first stream). The class stats come from a gateway with
+    # hold.classes that held one request (a native histogram appears with its first sample).
     assert post(governor, new_key(), "openai").status_code == 200
-    names = exported_names(governor)
+    classes = envoy_factory(CLASS_CONFIG, concurrency=1, stats_flush_interval="1s")
+    key = new_key()
+    cool(sim, classes, key, 1)
+    assert post(classes, key, "openai", headers={"x-tenant-id": "chat"}).headers.get("x-llm-governor-held-ms")
+    assert wait_for(lambda: any("class_hold_ms_bucket" in n for n in exported_names(classes)), 5)
+    names = exported_names(governor) | exported_names(classes)
     text = ALERTS.read_text()
     label_names = {"envoy_cluster_name", "envoy_response_code_class", "envoy_response_code"}
     own, other = ((NATIVE_PROMETHEUS_PREFIX, WASM_PROMETHEUS_PREFIX) if NATIVE

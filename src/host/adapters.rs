@@ -23,20 +23,30 @@ impl SharedStore for HostStore {
     }
 }
 
-/// Envoy stats: one per pool and stat (`llm_governor.pool.<pool>.<stat>`), defined once per VM.
+/// Envoy stats: one per pool and stat (`llm_governor.pool.<pool>.<stat>`), and with
+/// `hold.classes` one per pool, class and class stat
+/// (`llm_governor.pool.<pool>.class.<class>.<stat>`), defined once per VM.
 pub fn define_stats(cfg: &Config) -> Catalogue<u32> {
-    let pools = cfg.pools.iter().map(|p| p.name.as_str());
-    Catalogue::define(pools, |kind, pool, stat| {
-        let kind = match kind {
-            Kind::Counter => MetricType::Counter,
-            Kind::Gauge => MetricType::Gauge,
-            Kind::Histogram => MetricType::Histogram,
-        };
-        let name = metrics::stat_name(pool, stat);
-        abi::define_metric(kind, &name)
-            .map_err(|e| log::warn!("llm_governor: could not define stat {name}: {e:?}"))
-            .ok()
-    })
+    let pools = || cfg.pools.iter().map(|p| p.name.as_str());
+    let catalogue = Catalogue::define(pools(), |kind, pool, stat| {
+        define(kind, metrics::stat_name(pool, stat))
+    });
+    catalogue.define_classes(
+        pools(),
+        &cfg.hold.stat_classes(),
+        |kind, pool, class, stat| define(kind, metrics::class_stat_name(pool, class, stat)),
+    )
+}
+
+fn define(kind: Kind, name: String) -> Option<u32> {
+    let kind = match kind {
+        Kind::Counter => MetricType::Counter,
+        Kind::Gauge => MetricType::Gauge,
+        Kind::Histogram => MetricType::Histogram,
+    };
+    abi::define_metric(kind, &name)
+        .map_err(|e| log::warn!("llm_governor: could not define stat {name}: {e:?}"))
+        .ok()
 }
 
 /// Writes stats by hostcall. `proxy_increment_metric` adds to a gauge too: each worker moves

@@ -4,8 +4,8 @@ use super::abi::{self, Body, ConfigHandle, MainThread, StatKind, StatOp, Stream}
 use llm_governor_core::config::Config;
 use llm_governor_core::effects::{from_upstream, StreamIo};
 use llm_governor_core::metrics::{
-    Catalogue, Counter, Family, Gauge, Histogram, Kind, Metrics, Sink, StatWriter, Write,
-    POOL_LABEL,
+    Catalogue, ClassStat, Counter, Family, Gauge, Histogram, Kind, Metrics, Sink, StatWriter,
+    Write, CLASS_LABEL, POOL_LABEL,
 };
 use llm_governor_core::store::MemStore;
 use std::collections::HashMap;
@@ -48,7 +48,15 @@ pub fn seed() -> u64 {
 #[derive(Clone, Copy)]
 pub struct StatId {
     id: usize,
-    label: Option<&'static str>,
+    label: Label,
+}
+
+/// The second label's value of a stat: none, a fixed one, or a hold class's name.
+#[derive(Clone, Copy)]
+enum Label {
+    None,
+    Fixed(&'static str),
+    Class(usize),
 }
 
 /// The core's catalogue over labelled families (`metrics::Family`): one family per stat kind,
@@ -56,6 +64,8 @@ pub struct StatId {
 pub struct Stats {
     catalogue: Catalogue<StatId>,
     pools: Vec<String>,
+    /// The hold classes with stats (`Hold::stat_classes`), by index.
+    classes: Vec<String>,
     /// Whether every counter and gauge was made to exist (see `exist`).
     made: AtomicBool,
 }
@@ -63,33 +73,45 @@ pub struct Stats {
 impl Stats {
     pub fn define(cfg: &ConfigHandle, config: &Config) -> Stats {
         let mut families: HashMap<&'static str, Option<usize>> = HashMap::new();
-        let pools = config.pools.iter().map(|p| p.name.as_str());
-        let catalogue = Catalogue::define(pools, |kind, _pool, stat| {
-            let family = Family::of(stat);
-            let id = *families.entry(family.name).or_insert_with(|| {
+        let mut family = |kind, name: &'static str, labels: &[&str]| {
+            *families.entry(name).or_insert_with(|| {
                 let kind = match kind {
                     Kind::Counter => StatKind::Counter,
                     Kind::Gauge => StatKind::Gauge,
                     Kind::Histogram => StatKind::Histogram,
                 };
-                let labels: Vec<&str> = std::iter::once(POOL_LABEL)
-                    .chain(family.label.map(|(name, _)| name))
-                    .collect();
-                let id = cfg.define(kind, family.name, &labels);
+                let id = cfg.define(kind, name, labels);
                 if id.is_none() {
-                    log::warn!("llm_governor: could not define stat {}", family.name);
+                    log::warn!("llm_governor: could not define stat {name}");
                 }
                 id
-            });
-            id.map(|id| StatId {
+            })
+        };
+        let pools = || config.pools.iter().map(|p| p.name.as_str());
+        let classes = config.hold.stat_classes();
+        let catalogue = Catalogue::define(pools(), |kind, _pool, stat| {
+            let f = Family::of(stat);
+            let labels: Vec<&str> = std::iter::once(POOL_LABEL)
+                .chain(f.label.map(|(name, _)| name))
+                .collect();
+            let label = f
+                .label
+                .map_or(Label::None, |(_, value)| Label::Fixed(value));
+            family(kind, f.name, &labels).map(|id| StatId { id, label })
+        })
+        .define_classes(pools(), &classes, |kind, _pool, class, stat| {
+            let index = classes.iter().position(|c| *c == class).unwrap_or(0);
+            let labels = [POOL_LABEL, CLASS_LABEL];
+            let id = family(kind, stat.family(), &labels)?;
+            Some(StatId {
                 id,
-                label: family.label.map(|(_, value)| value),
+                label: Label::Class(index),
             })
         });
-        let pools = config.pools.iter().map(|p| p.name.clone()).collect();
         Stats {
             catalogue,
-            pools,
+            pools: pools().map(str::to_string).collect(),
+            classes: classes.iter().map(|c| c.to_string()).collect(),
             made: AtomicBool::new(false),
         }
     }
@@ -114,6 +136,18 @@ impl Stats {
                     to.op(pool, id, StatOp::Raise, 0);
                 }
             }
+            for class in 0..self.classes.len() {
+                for stat in ClassStat::ALL {
+                    let op = match stat.kind() {
+                        Kind::Counter => StatOp::Increment,
+                        Kind::Gauge => StatOp::Raise,
+                        Kind::Histogram => continue,
+                    };
+                    if let Some(id) = self.catalogue.class(pool, class, stat) {
+                        to.op(pool, id, op, 0);
+                    }
+                }
+            }
         }
     }
 
@@ -136,6 +170,7 @@ impl Stats {
     fn to<'a>(&'a self, to: To<'a>) -> StatTo<'a> {
         StatTo {
             pools: &self.pools,
+            classes: &self.classes,
             to,
         }
     }
@@ -145,6 +180,7 @@ impl Stats {
 /// main thread); each with the pool's name as its label.
 pub struct StatTo<'a> {
     pools: &'a [String],
+    classes: &'a [String],
     to: To<'a>,
 }
 
@@ -159,8 +195,12 @@ impl StatTo<'_> {
             return;
         };
         let labels: &[&str] = match stat.label {
-            Some(label) => &[name, label],
-            None => &[name],
+            Label::Fixed(label) => &[name, label],
+            Label::Class(c) => match self.classes.get(c) {
+                Some(class) => &[name, class],
+                None => return,
+            },
+            Label::None => &[name],
         };
         match self.to {
             To::Stream(s) => s.stat(op, stat.id, labels, value),

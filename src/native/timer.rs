@@ -32,6 +32,10 @@ struct State {
     stop: bool,
     /// Per worker: its deadline and the schedulers of its paused streams (by stream id).
     workers: Vec<WorkerTimer>,
+    /// The worker woken first when several are due at once, in turn: the first to tick takes
+    /// the release the pace opened at that moment, and a fixed order gave every one of them
+    /// to worker 0 (its held requests went, another worker's waited seconds).
+    first: usize,
 }
 
 #[derive(Default)]
@@ -47,6 +51,7 @@ impl Timer {
             state: Mutex::new(State {
                 stop: false,
                 workers: (0..workers).map(|_| WorkerTimer::default()).collect(),
+                first: 0,
             }),
             wake: Condvar::new(),
             armed: (0..workers).map(|_| AtomicU64::new(NONE)).collect(),
@@ -71,11 +76,20 @@ impl Timer {
     }
 
     /// Worker `w` next has something to do at `due` (None: nothing waits). Free when unchanged.
+    /// Workers are woken on one grid of `RETRY_MS` (as proxy-wasm ticks them every 20 ms), the
+    /// first due tick of the grid: a worker never ticks twice in a grid step, and every worker
+    /// waiting for the same moment ticks in the same step. Woken at once instead, the worker
+    /// that read the answer opening a release took it first, round after round (seconds of
+    /// one worker's held requests waiting while the other's went), and a worker waiting for
+    /// an answer on another worker asked every millisecond.
     pub fn arm(&self, w: usize, due: Option<u64>) {
         let Some(armed) = self.armed.get(w) else {
             return;
         };
-        let want = due.unwrap_or(NONE);
+        let want = due.map_or(NONE, |due| {
+            let step = due.max(now_ms() + 1).div_ceil(RETRY_MS);
+            step.saturating_mul(RETRY_MS)
+        });
         if armed.load(Ordering::Relaxed) == want {
             return;
         }
@@ -84,7 +98,7 @@ impl Timer {
         };
         armed.store(want, Ordering::Relaxed);
         if let Some(t) = state.workers.get_mut(w) {
-            t.due = due;
+            t.due = (want != NONE).then_some(want);
         }
         drop(state);
         self.wake.notify_one();
@@ -128,7 +142,13 @@ impl Timer {
         while !state.stop {
             let now = now_ms();
             let mut next = NONE;
-            for (w, t) in state.workers.iter_mut().enumerate() {
+            let count = state.workers.len();
+            state.first = (state.first + 1) % count.max(1);
+            let first = state.first;
+            for w in (0..count).map(|i| (i + first) % count) {
+                let Some(t) = state.workers.get_mut(w) else {
+                    continue;
+                };
                 let Some(due) = t.due else { continue };
                 let due = if due <= now {
                     // The newest paused stream is the likeliest to still be there.

@@ -216,6 +216,9 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
             "primary_log": _log(entries, t0_unix_ms),
             "backup_log": _log(backup_entries, t0_unix_ms),
         })
+    if storm.tenants:
+        out.update(tenant_figures(storm, results, up))
+        out["provider_log"] = _log(entries, t0_unix_ms)
     if storm.tpm_tokens:
         out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))
     if storm.itpm_tokens:
@@ -233,6 +236,43 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         out["peak_100ms_in_throttled_window"] = _peak([up[i].t_ms for i in throttled])
         out["late_requests_in_throttled_window"] = sum(1 for i in throttled if i >= wave)
     return out
+
+
+def tenant_figures(storm: Storm, results: list, up: list) -> dict:
+    """The noisy-neighbour storm's figures (issue 33). Per tenant: calls made, completed, failed,
+    the wait of its completed calls (start of the call to its answer, the SDK's own retries
+    included) at p50 / p95, and the local 429s its clients received (x-llm-governor-source
+    `cooldown` or `limit`). The provider's admissions per second: its 200s from t = 2 s (one
+    window after the first wave) to the end of the calls (`duration_s`), per second; `pace_used`
+    is that over the limit's rate (requests / window). Provider 429s after the first second: the
+    upstream 429s at t >= 1 s."""
+    limit = storm.phases[0].scenario.get("limit") or {}
+    rate = limit["requests"] * 1000 / limit["window_ms"] if limit else None
+    start, end = 2000.0, storm.duration_s * 1000
+    admitted = sum(1 for u in up if u.status == 200 and start <= u.t_ms < end)
+    per_s = admitted * 1000 / (end - start)
+    tenants = {}
+    for t in storm.tenants:
+        mine = [r for r in results if r.tenant == t.name]
+        waits = [r.end_ms - r.start_ms for r in mine if r.ok]
+        attempts = [a for r in mine for a in r.attempts]
+        tenants[t.name] = {
+            "calls": len(mine),
+            "completed": len(waits),
+            "failed": len(mine) - len(waits),
+            "p50_wait_ms": percentile(waits, 50),
+            "p95_wait_ms": percentile(waits, 95),
+            "max_wait_ms": percentile(waits, 100),
+            "local_429s": sum(1 for a in attempts if a.status == 429 and a.source in ("cooldown", "limit")),
+            "provider_429s_seen": sum(1 for a in attempts if a.status == 429 and a.source in ("", "upstream")),
+            "errors": _count(r.error for r in mine if not r.ok),
+        }
+    return {
+        "tenants": tenants,
+        "admitted_per_s": round(per_s, 2),
+        "pace_used": round(per_s / rate, 3) if rate else None,
+        "provider_429s_after_1s": sum(1 for u in up if u.status == 429 and u.t_ms >= 1000),
+    }
 
 
 TOKEN_DECISIONS = ("tokens_exhausted", "tokens_too_large")

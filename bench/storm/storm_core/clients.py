@@ -37,6 +37,7 @@ class CallResult:
     end_ms: float
     error: str = ""
     attempts: list = field(default_factory=list)
+    tenant: str = ""
 
 
 class Clock:
@@ -308,12 +309,21 @@ class LoopClients(SdkClients):
                 await self.send(i, request)
                 ok, error = True, ""
             except asyncio.CancelledError:
-                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts))
+                results[i].append(CallResult(i, call, False, start, self.clock.now_ms(), "run timeout", attempts,
+                                             self.tenant_of(i)))
                 raise
             except Exception as err:  # noqa: BLE001 - every failure is a data point
                 ok, error = False, type(err).__name__
-            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts))
+            results[i].append(CallResult(i, call, ok, start, self.clock.now_ms(), error, attempts, self.tenant_of(i)))
             call += 1
+            await self.pause(i)
+
+    def tenant_of(self, i: int) -> str:
+        """The tenant client i calls for ("" when the storm has none)."""
+        return ""
+
+    async def pause(self, i: int) -> None:
+        """What client i does between calls: nothing, unless its tenant reads its answer."""
 
 
 class AgentClients(LoopClients):
@@ -365,6 +375,44 @@ class AgentClients(LoopClients):
         self.turns[i] = self.turns[i] + [("assistant", text), ("user", "Tool result: " + prose(rng.randint(400, 1200), rng))]
         if len(self.turns[i]) > 2 * self.TURNS:
             self.turns[i] = self.task(i)
+
+
+class TenantClients(LoopClients):
+    """The tenants of `storm.tenants` (scenarios.Tenant), one `openai.AsyncOpenAI` per client
+    (its tenant's timeout and `x-tenant-id`, the SDK's default retries, its own connection),
+    each calling again and again until `storm.duration_s`, pausing its tenant's `think_s` after
+    each call. `extra_body(tenant)`, when the gateway needs one (LiteLLM's priority), is sent
+    with every call. A response hook records every answer."""
+
+    def __init__(self, storm: Storm, base_url, api_key: str, clock: Clock, extra_body=None):
+        import openai
+
+        self.storm, self.clock = storm, clock
+        self.tenant = [t for t in storm.tenants for _ in range(t.clients)]
+        self.extra = [extra_body(t) if extra_body else None for t in self.tenant]
+        self.warming = True
+        self.current: list = [[] for _ in self.tenant]
+        self.clients = [
+            openai.AsyncOpenAI(
+                base_url=url_of(base_url, i), api_key=api_key, timeout=t.timeout_s,
+                default_headers={"x-tenant-id": t.name},
+                http_client=openai.DefaultAsyncHttpx2Client(event_hooks={"response": [self._hook(i)]}),
+            )
+            for i, t in enumerate(self.tenant)
+        ]
+
+    def next_request(self, i: int):
+        return MESSAGES
+
+    async def send(self, i: int, messages) -> None:
+        await self.clients[i].chat.completions.create(model=MODEL, messages=messages, extra_body=self.extra[i])
+
+    def tenant_of(self, i: int) -> str:
+        return self.tenant[i].name
+
+    async def pause(self, i: int) -> None:
+        if self.tenant[i].think_s:
+            await asyncio.sleep(self.tenant[i].think_s)
 
 
 class ScheduledClients:
@@ -433,12 +481,16 @@ def url_of(base_url, i: int) -> str:
 
 
 async def run_clients(storm: Storm, base_url, api_key: str, clock: Clock,
-                      on_release: Callable[[], None]) -> list:
+                      on_release: Callable[[], None], extra_body=None) -> list:
     """Releases every client at once (on_release runs just before t = 0) and returns one
     CallResult per call, client-major; calls cut off by `storm.run_timeout_s` fail as "run timeout"
-    (a "loop" storm has no fixed number of calls: only the one each client was making)."""
-    kind = {"sdk": SdkClients, "loop": LoopClients, "agents": AgentClients}.get(storm.client_kind, ScheduledClients)
-    clients = kind(storm, base_url, api_key, clock)
+    (a "loop" storm has no fixed number of calls: only the one each client was making).
+    `extra_body(tenant)` is what a "tenants" storm's clients send besides the request."""
+    if storm.client_kind == "tenants":
+        clients = TenantClients(storm, base_url, api_key, clock, extra_body)
+    else:
+        kind = {"sdk": SdkClients, "loop": LoopClients, "agents": AgentClients}.get(storm.client_kind, ScheduledClients)
+        clients = kind(storm, base_url, api_key, clock)
     await clients.prepare()
     results: list = [[] for _ in range(storm.clients)]
     go = asyncio.Event()

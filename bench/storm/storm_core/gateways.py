@@ -48,6 +48,14 @@ GOVERNOR_CONFIGS = {
     "e-tpm-after": {"pools": POOLS, "limits": [dict(TPM_LIMIT, reserve=False)]},
     # The limit as a user writes it: reserve and settle left to their defaults (auto).
     "e-tpm-default": {"pools": POOLS, "limits": [TPM_LIMIT]},
+    # Issue 33: releases shared by tenant, and tenants in classes of their own (the operator
+    # names the chat tenant interactive by its header; everything else is batch).
+    "e-fair": {"pools": POOLS, "hold": {"fair_key": "header:x-tenant-id"}},
+    "e-classes": {"pools": POOLS, "hold": {"fair_key": "header:x-tenant-id", "classes": [
+        {"name": "interactive", "match": {"header": {"name": "x-tenant-id", "value": "chat"}},
+         "weight": 4, "max_ms": 10_000},
+        {"name": "batch", "weight": 1, "max_ms": 120_000},
+    ]}},
 }
 # The agents storm (issue 32): an Anthropic pool, and the provider's published limits written as
 # one `tokens_per_minute` (the input limit, as a new user would) or per dimension.
@@ -72,7 +80,7 @@ FAILOVER_CONFIGS = {"e-fo": {"pools": FAILOVER_POOLS}}
 BACKUP_KEY = "sk-storm-backup-injected"
 # The filter's gauges (README "Stats"): not summed over a storm.
 GAUGES = ("remaining_", "limit_", "reset_", "held_requests", "in_flight")
-LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None, "d-agents": None}
+LITELLM_MAX_PARALLEL = {"d": None, "d-cap": 8, "d-fo": None, "d-agents": None, "d-prio": None}
 
 CONFIG_NAMES = {
     "a": "no gateway",
@@ -81,9 +89,12 @@ CONFIG_NAMES = {
     "d": "LiteLLM num_retries=3",
     "d-cap": "LiteLLM num_retries=3, max_parallel_requests=8",
     "d-fo": "LiteLLM num_retries=3, two deployments of one model",
+    "d-prio": "LiteLLM num_retries=3, priority scheduler (chat 0, batch 1), deployment rpm 300",
     "e": "Envoy + llm-governor (hold on)",
     "e-cap": "Envoy + llm-governor, max_in_flight 8",
     "e-fo": "Envoy + llm-governor, fallback pool",
+    "e-fair": "Envoy + llm-governor, hold.fair_key: header:x-tenant-id",
+    "e-classes": "Envoy + llm-governor, fair_key and classes (interactive weight 4, batch 1)",
     "e-tpm": "Envoy + llm-governor, tokens_per_minute 20,000, reserve (settle: usage)",
     "e-tpm-resv": "Envoy + llm-governor, tokens_per_minute 20,000, reserve, settle: reservation (what auto, the default, does for OpenAI)",
     "e-tpm-after": "Envoy + llm-governor, tokens_per_minute 20,000, charged after (reserve: false)",
@@ -161,6 +172,8 @@ class GatewayUnavailable(RuntimeError):
 class Gateway:
     key = ""
     artifact: Optional[str] = None  # "wasm" or "native" for llm-governor's configurations
+    # What a "tenants" client adds to every request body, by tenant (None: nothing).
+    extra_body = None
 
     @property
     def name(self) -> str:
@@ -325,6 +338,14 @@ class LiteLLMGateway(Gateway):
         self.max_parallel = LITELLM_MAX_PARALLEL.get(key)
         self.deployment = dict(deployment or {})
         self.router_settings = dict(router_settings or {})
+        if key == "d-prio":
+            # LiteLLM's scheduler (docs/scheduler.md): a request with `priority` in its body
+            # waits in the model group's queue, polled every polling_interval, until a
+            # deployment is healthy or it tops the queue (lower goes first). The deployment
+            # states the provider's rate (10 per 2 s) so the router can know it is full.
+            self.deployment.setdefault("rpm", 300)
+            self.router_settings.setdefault("polling_interval", 0.03)
+            self.extra_body = lambda tenant: {"priority": tenant.priority}
         self.ready_timeout_s = ready_timeout_s
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0

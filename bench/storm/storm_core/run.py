@@ -50,7 +50,7 @@ def run_storm(storm: Storm, gateway: Gateway, sim: Simulator, backup: Optional[S
 
     async def main() -> list:
         urls = gateway.client_urls(storm.clients)
-        clients = asyncio.create_task(run_clients(storm, urls, client_key, clock, release))
+        clients = asyncio.create_task(run_clients(storm, urls, client_key, clock, release, gateway.extra_body))
         if later:
             started = asyncio.create_task(clock.started.wait())
             await asyncio.wait([clients, started], return_when=asyncio.FIRST_COMPLETED)

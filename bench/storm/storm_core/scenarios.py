@@ -86,6 +86,9 @@ class Storm:
     system_chars: int = 0
     itpm_tokens: Optional[int] = None
     otpm_tokens: Optional[int] = None
+    # "tenants" clients: groups of SDK clients of one account, each group with its own headers,
+    # timeout and pause between calls, all calling in a loop until `duration_s` (issue 33).
+    tenants: tuple = ()
 
     @property
     def calls(self) -> int:
@@ -321,6 +324,47 @@ AGENTS = Storm(
 )
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """A group of SDK clients behind one gateway, on the run's one account: `clients` of them,
+    each calling again and again (its `think_s` pause after each answer, then the next call)
+    with `x-tenant-id: <name>`, the SDK's `timeout_s` (sent as `x-stainless-timeout`) and its
+    default retries. `priority` is what LiteLLM's scheduler is asked for (lower goes first)."""
+
+    name: str
+    clients: int
+    timeout_s: float
+    think_s: float = 0.0
+    priority: int = 0
+
+
+# Issue 33, "noisy neighbour": one account whose provider admits 10 requests per 2 s (a sliding
+# window that counts rejected requests too, so 5 a second at most) and answers in 200 ms, a
+# batch tenant of 40 SDK clients with long timeouts (the SDK's 600 s) calling back to back, and
+# a chat tenant of 4 clients with 15 s timeouts, each reading its answer for a second before
+# the next question. 40 s of calls; every figure per tenant, and the provider's admissions per
+# second. The slow variant (500 ms answers) measures the pace alone.
+NOISY_LIMIT = {"requests": 10, "window_ms": 2000}
+# A provider answers in 200 ms (a short completion); the slow variant in 500 ms.
+NOISY_LATENCY_MS = 200
+NOISY_CONFIGS = ("e", "e-fair", "e-classes", "d-prio")
+NOISY = Storm(
+    name="noisy-neighbour",
+    title="noisy neighbour (issue 33): one account, provider 10 req / 2 s; batch 40 SDK clients "
+          "(600 s timeout) back to back, chat 4 SDK clients (15 s timeout, 1 s between calls); 40 s",
+    clients=44,
+    phases=[Phase({"limit": NOISY_LIMIT, "latency_ms": NOISY_LATENCY_MS})],
+    client_kind="tenants",
+    calls_per_client=0,
+    duration_s=40.0,
+    tenants=(Tenant("batch", 40, timeout_s=600.0, priority=1),
+             Tenant("chat", 4, timeout_s=15.0, think_s=1.0, priority=0)),
+    configs=NOISY_CONFIGS,
+    run_timeout_s=40.0 + 60.0,
+    fresh_gateway=True,
+)
+
+
 # Issue 31's outage, as a user meets it through replicas: 20 SDK clients starting over 1 s
 # (workers coming up, as in the outside run), the provider
 # down for 2.5 s answering `retry-after: 1` while its `x-ratelimit-reset-requests` tells the true
@@ -338,6 +382,34 @@ OUTAGE = Storm(
     recovers_in_phase=0,
     recovers_after_ms=2500,
     configs=OUTAGE_CONFIGS,
+    fresh_gateway=True,
+)
+
+
+NOISY_SLOW = dataclasses.replace(
+    NOISY,
+    name="noisy-neighbour-slow",
+    title="noisy neighbour, the provider answering in 500 ms: arrival order and fair key",
+    phases=[Phase({"limit": NOISY_LIMIT, "latency_ms": 500})],
+    configs=("e", "e-fair"),
+)
+
+
+# How close the fair key's shares are across Envoy's workers: two tenants that both always have
+# requests waiting, a with 30 SDK clients, b with 3, back to back. Fair turns give each half of
+# the provider's admissions (b's share: its completed calls over all); run with
+# `--concurrency 1` (exact: one queue) and 2 (each worker's turns over its own requests).
+FAIR_SHARE = Storm(
+    name="fair-share",
+    title="fair share: tenant a 30 SDK clients, tenant b 3, both back to back; provider 10 req / 2 s, 200 ms",
+    clients=33,
+    phases=[Phase({"limit": NOISY_LIMIT, "latency_ms": NOISY_LATENCY_MS})],
+    client_kind="tenants",
+    calls_per_client=0,
+    duration_s=40.0,
+    tenants=(Tenant("a", 30, timeout_s=600.0), Tenant("b", 3, timeout_s=600.0)),
+    configs=("e", "e-fair"),
+    run_timeout_s=40.0 + 60.0,
     fresh_gateway=True,
 )
 
@@ -372,5 +444,8 @@ SCENARIOS = {
     "outage": lambda: [OUTAGE],
     "tpm-full": lambda: [TPM_FULL],
     "agents": lambda: [AGENTS],
+    "noisy-neighbour": lambda: [NOISY],
+    "noisy-neighbour-slow": lambda: [NOISY_SLOW],
+    "fair-share": lambda: [FAIR_SHARE],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }

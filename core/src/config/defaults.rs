@@ -2,7 +2,7 @@
 //! is built from these, and the rules read them from here.
 
 use super::model::{
-    Config, Cooldown, Hold, Match, OnError, OutputRule, Pool, RetryAfter, Scope, Settle,
+    Config, Cooldown, Hold, HoldClass, Match, OnError, OutputRule, Pool, RetryAfter, Scope, Settle,
 };
 use crate::classify::Dialect;
 
@@ -36,6 +36,9 @@ pub const DEFAULT_DEADLINE_HEADERS: [&str; 3] = [
     "x-stainless-timeout",
     "x-envoy-expected-rq-timeout-ms",
 ];
+/// The name of the implicit class of held requests that match no configured class.
+pub const DEFAULT_CLASS: &str = "default";
+pub(super) const CLASS_WEIGHT: u64 = 1;
 
 // `pools[]`.
 
@@ -84,6 +87,8 @@ impl Default for Config {
                 max_held: HOLD_MAX_HELD,
                 margin_ms: HOLD_MARGIN_MS,
                 deadline_headers: owned(&DEFAULT_DEADLINE_HEADERS),
+                fair_key: None,
+                classes: vec![unmatched_class()],
             },
             fleet: None,
         }
@@ -98,6 +103,18 @@ pub(super) fn unmatched_pool() -> Pool {
         dialect: DIALECT,
         fallback: Vec::new(),
         account: None,
+    }
+}
+
+/// The implicit class, last in `Hold::classes`, for held requests that match no configured
+/// class: the hold's own longest hold and bound.
+pub(super) fn unmatched_class() -> HoldClass {
+    HoldClass {
+        name: DEFAULT_CLASS.to_string(),
+        matcher: Match::default(),
+        weight: CLASS_WEIGHT,
+        max_ms: None,
+        max_held: None,
     }
 }
 

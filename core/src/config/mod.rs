@@ -10,6 +10,8 @@
 //!   Envoy's log at 3 a.m. needs;
 //! - `rules`: `TryFrom<ConfigDto> for Config` applies the rules that relate fields (required
 //!   names, duplicates, fallbacks, one kind per limit), naming the field the same way;
+//! - `hold`: the rules of the `hold` section (its classes and what each may match), and
+//!   `matcher`: a `match` as pools and classes write it;
 //! - `defaults`: what every field left out becomes;
 //! - `model`: the validated configuration the rest of the core reads;
 //! - this file: `parse`, the way through them.
@@ -18,6 +20,8 @@
 //! the DTOs' order (unknown fields of an object first), else the first rule between fields.
 
 mod defaults;
+mod hold;
+mod matcher;
 mod model;
 mod rules;
 mod tree;
@@ -28,7 +32,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub use defaults::{
-    DEFAULT_ACCOUNT_HEADERS, DEFAULT_DEADLINE_HEADERS, DEFAULT_FLEET_DOMAIN,
+    DEFAULT_ACCOUNT_HEADERS, DEFAULT_CLASS, DEFAULT_DEADLINE_HEADERS, DEFAULT_FLEET_DOMAIN,
     DEFAULT_FLEET_TIMEOUT_MS, DEFAULT_OUTPUT_TOKENS, DEFAULT_POOL, MIN_OUTPUT_TOKENS,
 };
 pub use model::*;

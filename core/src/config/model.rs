@@ -89,12 +89,55 @@ pub struct Hold {
     pub margin_ms: u64,
     /// Where the client's timeout is read from, first present wins.
     pub deadline_headers: Vec<String>,
+    /// Among the requests held for one (pool, account), releases go to the next value of this
+    /// key in turn (None: arrival order).
+    pub fair_key: Option<LimitKey>,
+    /// The configured classes in order, then the implicit `default` class last (the only one
+    /// when none is configured): releases are shared by weight among those with requests
+    /// waiting.
+    pub classes: Vec<HoldClass>,
 }
 
 impl Hold {
+    /// Some request may be held: a class of it holds through some wait.
     pub fn enabled(&self) -> bool {
-        self.max_ms > 0 && self.max_held > 0
+        (0..self.classes.len()).any(|c| self.max_ms_of(c) > 0 && self.max_held_of(c) > 0)
     }
+
+    /// The longest hold of class `class`: its own, else `hold.max_ms`.
+    pub fn max_ms_of(&self, class: usize) -> u64 {
+        self.classes
+            .get(class)
+            .and_then(|c| c.max_ms)
+            .unwrap_or(self.max_ms)
+    }
+
+    /// The classes whose stats hosts define: every class with `hold.classes`, none without.
+    pub fn stat_classes(&self) -> Vec<&str> {
+        match self.classes.len() {
+            1 => Vec::new(),
+            _ => self.classes.iter().map(|c| c.name.as_str()).collect(),
+        }
+    }
+
+    /// How many of class `class` one worker holds at most: its own bound within
+    /// `hold.max_held`, else `hold.max_held`.
+    pub fn max_held_of(&self, class: usize) -> u64 {
+        let own = self.classes.get(class).and_then(|c| c.max_held);
+        own.map_or(self.max_held, |n| n.min(self.max_held))
+    }
+}
+
+/// A class of held requests: which requests (matched as pools match), their share of the
+/// releases, their longest hold and how many of them one worker holds at most (None: the
+/// hold's own).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HoldClass {
+    pub name: String,
+    pub matcher: Match,
+    pub weight: u64,
+    pub max_ms: Option<u64>,
+    pub max_held: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

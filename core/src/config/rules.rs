@@ -2,12 +2,13 @@
 //! `Config`, or an error naming the field the way `tree` does (`limits[0].burst: ...`).
 
 use super::defaults;
+use super::matcher::named;
 use super::model::{
-    err, Config, ConfigError, Counts, Fleet, Limit, LimitKind, Match, Pool, Scope, DAY_S, MINUTE_S,
+    err, Config, ConfigError, Counts, Fleet, Limit, LimitKind, Pool, Scope, DAY_S, MINUTE_S,
 };
 use super::values::{
-    int_in, positive, Bounded, ClusterName, Flag, HeaderName, KeySpec, OutputSpec, ScopeSpec,
-    SettleSpec, StatName, Text, UncheckedInt,
+    int_in, positive, Bounded, ClusterName, Flag, KeySpec, OutputSpec, ScopeSpec, SettleSpec,
+    StatName, UncheckedInt,
 };
 use super::wire::{ConfigDto, LimitDto, PoolDto, MAX_DURATION_MS, MAX_IN_FLIGHT, MAX_PER_WINDOW};
 
@@ -73,13 +74,7 @@ impl TryFrom<ConfigDto> for Config {
         }
         set(&mut cfg.max_keys, dto.max_keys.map(|v| v.0));
         if let Some(h) = dto.hold {
-            let c = &mut cfg.hold;
-            set(&mut c.max_ms, h.max_ms.map(|v| v.0));
-            set(&mut c.max_held, h.max_held.map(|v| v.0));
-            set(&mut c.margin_ms, h.margin_ms.map(|v| v.0));
-            if let Some(Bounded(headers)) = h.deadline_headers {
-                c.deadline_headers = headers.into_iter().map(|h| h.0).collect();
-            }
+            super::hold::hold_from(h, &mut cfg.hold)?;
         }
         if let Some(f) = dto.fleet {
             let Some(ClusterName(cluster)) = f.cluster else {
@@ -128,30 +123,8 @@ fn set<T>(slot: &mut T, given: Option<T>) {
 
 /// A pool, and the names its `fallback` lists (resolved once every pool is known).
 fn pool_from(dto: PoolDto, at: &str) -> Result<(Pool, Vec<String>), ConfigError> {
-    let Some(StatName(name)) = dto.name else {
-        return Err(err(&format!("{at}.name"), "is required".into()));
-    };
-    if name == defaults::DEFAULT_POOL {
-        return Err(err(
-            &format!("{at}.name"),
-            "\"default\" is reserved for requests that match no pool".into(),
-        ));
-    }
-    let mut matcher = Match::default();
-    if let Some(m) = dto.r#match {
-        matcher.path_prefix = m.path_prefix.map(|v| v.0);
-        matcher.authority = m.authority.map(|v| v.0);
-        if let Some(h) = m.header {
-            let hat = format!("{at}.match.header");
-            let Some(HeaderName(name)) = h.name else {
-                return Err(err(&format!("{hat}.name"), "is required".into()));
-            };
-            let Some(Text(value)) = h.value else {
-                return Err(err(&format!("{hat}.value"), "is required".into()));
-            };
-            matcher.header = Some((name, value));
-        }
-    }
+    let implicit = (defaults::DEFAULT_POOL, "requests that match no pool");
+    let (name, matcher) = named(dto.name, dto.r#match, at, implicit)?;
     let pool = Pool {
         name,
         matcher,

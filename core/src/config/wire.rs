@@ -19,6 +19,10 @@ const MAX_KEYS: u64 = 10_000_000;
 /// Envoy's `stream_idle_timeout` is 5 minutes by default, and a held request sends nothing.
 const MAX_HOLD_MS: u64 = 300_000;
 const MAX_HELD: u64 = 100_000;
+/// Class names appear in stats names: a bounded set, as pools.
+const MAX_CLASSES: usize = 16;
+/// Weights share releases: 1000 to 1 is as uneven as a share gets before it is a priority.
+const MAX_WEIGHT: u64 = 1000;
 pub(super) const MAX_IN_FLIGHT: u64 = 1_000_000;
 const MAX_FLEET_TIMEOUT_MS: u64 = 10_000;
 
@@ -121,4 +125,16 @@ pub(super) struct HoldDto {
     pub(super) max_held: Option<Int<0, MAX_HELD>>,
     pub(super) margin_ms: Option<Int<0, MAX_HOLD_MS>>,
     pub(super) deadline_headers: Option<Bounded<HeaderName, MAX_ACCOUNT_HEADERS>>,
+    pub(super) fair_key: Option<KeySpec>,
+    pub(super) classes: Option<Bounded<HoldClassDto, MAX_CLASSES>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HoldClassDto {
+    pub(super) name: Option<StatName>,
+    pub(super) r#match: Option<MatchDto>,
+    pub(super) weight: Option<Int<1, MAX_WEIGHT>>,
+    pub(super) max_ms: Option<Int<0, MAX_HOLD_MS>>,
+    pub(super) max_held: Option<Int<0, MAX_HELD>>,
 }

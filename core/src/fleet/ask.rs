@@ -136,7 +136,9 @@ impl FleetAsk {
         clock: &Clock,
         turn_ms: impl FnOnce() -> u64,
     ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
-        let turn = fleet.cooldowns && flow.released && !turns.holds(TurnKey::of(flow), clock.now());
+        let turn = fleet.cooldowns
+            && flow.released.is_some()
+            && !turns.holds(TurnKey::of(flow), clock.now());
         if fleet.limits().is_empty() && !turn {
             return None;
         }

@@ -15,6 +15,7 @@ use reactions::{told, Told};
 
 use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
+use llm_governor_core::effects::TICK_MS;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::lease::Leases;
@@ -108,8 +109,10 @@ impl StreamId for &Sent {
     }
 }
 
-/// What became of a request the test sent (or a tick let go).
+/// What became of a request the test sent (or a tick let go). (A test value, moved once or
+/// twice: its size does not matter.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Step {
     /// It went upstream.
     Go(Sent),
@@ -121,6 +124,7 @@ pub enum Step {
 
 /// What `Host::request` decided for a request that may not be held.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Decision {
     Forward(Sent),
     Reply(LocalReply),
@@ -520,6 +524,20 @@ pub fn header<'a>(g: &'a [(&'static str, String)], name: &str) -> &'a str {
         .find(|(n, _)| *n == name)
         .map(|(_, v)| v.as_str())
         .unwrap_or_else(|| panic!("missing header {name}"))
+}
+
+/// Tick now, then every `TICK_MS` until a tick lets nothing go (a worker lets one release of
+/// the pace go per (pool, account) and tick): everything that left, in order.
+pub fn tick_all(host: &mut Host) -> Vec<(u32, Step)> {
+    let mut all = host.tick();
+    loop {
+        host.advance(TICK_MS);
+        let out = host.tick();
+        if out.is_empty() {
+            return all;
+        }
+        all.extend(out);
+    }
 }
 
 /// The ids of the requests a tick let go, in order.

@@ -172,6 +172,21 @@ impl<'s, S: SharedStore + Sync> Workers<'s, S> {
         out
     }
 
+    /// Tick every worker now, then every `TICK_MS`, until two rounds of ticks in a row let
+    /// nothing go (each worker lets one release of the pace go per (pool, account) and tick,
+    /// and may leave one to another worker's next tick).
+    pub fn tick_all(&mut self) -> Vec<(usize, u32)> {
+        let mut all = self.tick();
+        let mut quiet = 0;
+        while quiet < 2 {
+            self.clock.advance(llm_governor_core::effects::TICK_MS);
+            let out = self.tick();
+            quiet = if out.is_empty() { quiet + 1 } else { 0 };
+            all.extend(out);
+        }
+        all
+    }
+
     /// `f` for every worker, each in a thread of its own, all at once, over the shared store
     /// and clock: what it returned, in the workers' order.
     pub fn in_threads<T: Send>(
