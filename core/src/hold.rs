@@ -170,8 +170,10 @@ impl Holds {
                     known_wait = head.blocked.aged(now - head.blocked_at_ms).wait_ms();
                     break;
                 }
-                let fleet_refused =
-                    matches!(head.blocked, Blocked::Fleet { .. } | Blocked::Turn { .. });
+                let fleet_refused = matches!(
+                    head.blocked,
+                    Blocked::Fleet { .. } | Blocked::Turn { .. } | Blocked::Slot { .. }
+                );
                 match admission.admit(&mut head.flow, env) {
                     Ok(()) => {
                         if let Some(h) = queue.pop_front() {
