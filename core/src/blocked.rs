@@ -24,6 +24,10 @@ pub enum Blocked {
     Fleet { limit: usize, wait_ms: u64 },
     /// A `max_in_flight` cap is full.
     InFlight { limit: usize },
+    /// The fleet's service has no slot of a `scope: fleet` `max_in_flight` free: a slot frees
+    /// when some stream of the fleet ends, which only the service sees. Asked again after
+    /// `retry_in_ms`.
+    Slot { limit: usize, retry_in_ms: u64 },
     /// The provider reported this account's quota exhausted: waiting cannot help.
     Quota { remaining_ms: u64 },
     /// The request's reservation is larger than the token budget can ever hold.
@@ -40,6 +44,7 @@ impl Blocked {
             Blocked::Paced { .. }
             | Blocked::Turn { .. }
             | Blocked::InFlight { .. }
+            | Blocked::Slot { .. }
             | Blocked::Quota { .. }
             | Blocked::TooLarge { .. } => None,
         }
@@ -67,17 +72,18 @@ impl Blocked {
             Blocked::Bucket { limit, .. }
             | Blocked::Fleet { limit, .. }
             | Blocked::InFlight { limit }
+            | Blocked::Slot { limit, .. }
             | Blocked::TooLarge { limit, .. } => Some(limit),
             _ => None,
         }
     }
 
     /// When to ask again, at the latest. Waits that end with an event (an answer, a stream's
-    /// end, on any worker) are asked again on every tick; the fleet's turn, after a pause (each
-    /// ask is a call to the service).
+    /// end, on any worker) are asked again on every tick; the fleet's turn and its slots, after
+    /// a pause (each ask is a call to the service).
     pub fn recheck_in_ms(&self) -> u64 {
         match *self {
-            Blocked::Turn { retry_in_ms } => retry_in_ms,
+            Blocked::Turn { retry_in_ms } | Blocked::Slot { retry_in_ms, .. } => retry_in_ms,
             _ => self.wait_ms().unwrap_or(0),
         }
     }
@@ -120,6 +126,10 @@ impl Blocked {
                 retry_in_ms: f(retry_in_ms),
             },
             Blocked::Turn { retry_in_ms } => Blocked::Turn {
+                retry_in_ms: f(retry_in_ms),
+            },
+            Blocked::Slot { limit, retry_in_ms } => Blocked::Slot {
+                limit,
                 retry_in_ms: f(retry_in_ms),
             },
             Blocked::Quota { remaining_ms } => Blocked::Quota {

@@ -347,7 +347,7 @@ impl<'a> Replies<'a> {
             }
             // A slot frees when some stream ends, which no header foretells: the configured
             // base delay, with jitter so the returning clients spread out.
-            Blocked::InFlight { .. } => LocalAnswer::limit(
+            Blocked::InFlight { .. } | Blocked::Slot { .. } => LocalAnswer::limit(
                 retry_after::told(ra.default_ms, ra.default_ms, ra, env.rng),
                 None,
             ),

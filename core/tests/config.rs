@@ -252,7 +252,7 @@ fn invalid_configs_name_the_field() {
         (r#"{"limits": [{"name": "t", "key": "pool", "output_tokens_per_minute": 5, "min_output_tokens": -1}]}"#, "limits[0].min_output_tokens: must be an integer between 0 and 1048576"),
         (r#"{"limits": [{"name": "t", "key": "pool", "input_tokens_per_minute": 5, "min_output_tokens": 10}]}"#, "limits[0].min_output_tokens: applies to limits that count output tokens, not input_tokens_per_minute"),
         (r#"{"limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}]}"#, "limits[0].scope: \"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)"),
-        (r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "max_in_flight": 1, "scope": "fleet"}]}"#, "limits[0].scope: max_in_flight is exact per Envoy; a fleet-wide cap is not offered"),
+        (r#"{"fleet": {"cluster": "rls", "reservations": false}, "limits": [{"name": "r", "key": "pool", "requests_per_minute": 1, "scope": "fleet"}, {"name": "a", "key": "pool", "max_in_flight": 1, "scope": "fleet"}]}"#, "limits[1].scope: a fleet max_in_flight holds its slots on the service (Reserve / Commit): set fleet.reservations true"),
         (r#"{"fleet": {"cluster": "rls"}, "limits": [{"name": "a", "key": "pool", "requests_per_minute": 1, "scope": "global"}]}"#, "limits[0].scope: must be \"local\" or \"fleet\", got \"global\""),
         // hold
         (r#"{"hold": {"max_ms": -1}}"#, "hold.max_ms: must be an integer between 0 and 300000"),

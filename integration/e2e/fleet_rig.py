@@ -225,9 +225,10 @@ def limits_file(config: dict) -> str:
     for limit in config.get("limits", []):
         if limit.get("scope") != "fleet":
             continue
-        # The one rate field a limit has, and its window.
-        field = next(f for f in RATE_FIELDS if f in limit)
-        seconds = 86400 if field.endswith("_per_day") else 60
+        # The one rate field a limit has, and its window. A fleet max_in_flight's slots are
+        # holds given back with a Commit of 0: its window only bounds a hold's life, so long.
+        field = next(f for f in RATE_FIELDS + ("max_in_flight",) if f in limit)
+        seconds = {"max_in_flight": 86400}.get(field, 86400 if field.endswith("_per_day") else 60)
         out.append(
             f"- namespace: {domain}\n"
             f"  name: {limit['name']}\n"

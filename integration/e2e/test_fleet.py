@@ -322,6 +322,77 @@ def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
         assert fleet.stat("fleet_errors") == 0
 
 
+FLEET_CAP = 4
+
+
+def cap_config(lease_ms: int = 30000, scope: str = "fleet") -> dict:
+    """One cap written once for the fleet: at most FLEET_CAP requests of an account upstream
+    across the three Envoys; held requests wait for a slot."""
+    return {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500},
+            "limits": [{"name": "fleet-cap", "key": "account", "max_in_flight": FLEET_CAP, "scope": scope,
+                        "slot_lease_ms": lease_ms}],
+            "hold": {"max_ms": 30000}}
+
+
+@fixture_only("Reserve / Commit")
+def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(simulator, sim):
+    """Issue 31, `max_in_flight` with `scope: "fleet"`: the provider's concurrency limit is the
+    cap; 18 callers split 60/30/10 over three Envoys, two calls each. Every call completes,
+    the provider never sees more than the cap in flight, so never answers a concurrency 429."""
+    config = cap_config()
+    assert f"name: fleet-cap\n  max_value: {FLEET_CAP}\n  seconds: 86400\n" in limits_file(config)
+    key = new_key()
+    with Fleet(simulator, config) as fleet:
+        sim.scenario({"mode": "ok", "latency_ms": 300, "max_concurrency": FLEET_CAP})
+        statuses, lock = [], threading.Lock()
+
+        def caller(envoy):
+            for _ in range(2):
+                r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "60"}, timeout=60.0)
+                with lock:
+                    statuses.append(r.status_code)
+
+        split = [11, 5, 2]
+        threads = [threading.Thread(target=caller, args=(e,)) for e, n in zip(fleet.envoys, split) for _ in range(n)]
+        [t.start() for t in threads]
+        [t.join(90) for t in threads]
+        report = sim.requests()
+        upstream = [q["status"] for q in sim.requests_for(key)]
+        assert statuses == [200] * 36, statuses
+        assert upstream == [200] * 36, upstream
+        assert report["max_in_flight_by_key"][key] <= FLEET_CAP, report["max_in_flight_by_key"]
+        assert report["max_in_flight_by_key"][key] >= FLEET_CAP - 1, "the cap was never approached"
+        assert fleet.stat("held") > 0, "nobody waited for a slot: no contention tested"
+        assert fleet.stat("fleet_errors") == 0
+
+
+@fixture_only("Reserve / Commit")
+def test_a_killed_envoys_slots_come_back_within_the_lease(simulator, sim):
+    """An Envoy killed while its streams hold every slot: the service's holds expire after
+    `slot_lease_ms`, and another Envoy's held request goes then, not when the dead streams
+    would have ended."""
+    lease_ms = 3000
+    key = new_key()
+    with Fleet(simulator, cap_config(lease_ms)) as fleet:
+        sim.scenario({"mode": "ok", "latency_ms": 20000})
+        for _ in range(FLEET_CAP):
+            threading.Thread(target=_swallow, daemon=True,
+                             args=(lambda: post(fleet.envoys[1], key, body=body(), timeout=30.0),)).start()
+        deadline = time.monotonic() + 10
+        while len(sim.requests_for(key)) < FLEET_CAP and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(sim.requests_for(key)) == FLEET_CAP, "the slots were never all taken"
+        fleet.envoys[1].proc.kill()
+        killed = time.monotonic()
+        sim.scenario({"mode": "ok", "latency_ms": 50})
+        r = post(fleet.envoys[0], key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
+        waited = time.monotonic() - killed
+        assert r.status_code == 200, r.text
+        # Held until the dead Envoy's holds expired (taken up to ~1 s before the kill), then sent.
+        assert lease_ms / 1000 - 1.5 <= waited <= lease_ms / 1000 + 2.0, waited
+        assert fleet.envoys[0].pool_stat("openai", "held") >= 1
+
+
 def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, sim):
     """Redis gone: the service answers UNAVAILABLE, the fallback (this Envoy's own bucket of the
     same rate) decides and is counted; Redis back: fleet decisions resume, no restart."""

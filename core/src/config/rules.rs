@@ -102,12 +102,25 @@ impl TryFrom<ConfigDto> for Config {
                 cooldowns,
             });
         }
-        if cfg.fleet.is_none() {
-            if let Some(i) = cfg.limits.iter().position(|l| l.scope == Scope::Fleet) {
-                return Err(err(
-                    &format!("limits[{i}].scope"),
-                    "\"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)".into(),
-                ));
+        if let Some(i) = cfg.limits.iter().position(|l| l.scope == Scope::Fleet) {
+            match &cfg.fleet {
+                None => {
+                    return Err(err(
+                        &format!("limits[{i}].scope"),
+                        "\"fleet\" needs a \"fleet\" section (the rate-limit service's cluster)"
+                            .into(),
+                    ))
+                }
+                Some(f) if !f.reservations => {
+                    let cap = |l: &Limit| l.scope == Scope::Fleet && l.kind == LimitKind::InFlight;
+                    if let Some(i) = cfg.limits.iter().position(cap) {
+                        return Err(err(
+                            &format!("limits[{i}].scope"),
+                            "a fleet max_in_flight holds its slots on the service (Reserve / Commit): set fleet.reservations true".into(),
+                        ));
+                    }
+                }
+                Some(_) => {}
             }
         }
         Ok(cfg)
@@ -255,13 +268,8 @@ fn limit_from(mut dto: LimitDto, at: &str) -> Result<Limit, ConfigError> {
             |v| int_in(v, 0, crate::estimate::MAX_OUTPUT),
         )?
         .unwrap_or(defaults::MIN_OUTPUT_TOKENS);
-    // Of the scopes, only `fleet` is refused to some limits.
-    let fleet_wide: &[Need] = match dto.scope {
-        Some(ScopeSpec(Scope::Fleet)) => &[FLEET_WIDE],
-        _ => &[],
-    };
     let scope = limit
-        .only("scope", dto.scope, fleet_wide, |ScopeSpec(s)| Ok(s))?
+        .only("scope", dto.scope, &[], |ScopeSpec(s)| Ok(s))?
         .unwrap_or(defaults::SCOPE);
     Ok(Limit {
         name,
@@ -424,10 +432,6 @@ const COUNTS_OUTPUT: Need = Need {
 const RESERVING: Need = Need {
     holds: |l| l.reserve,
     otherwise: "applies only when reserve is true",
-};
-const FLEET_WIDE: Need = Need {
-    holds: |l| l.kind != LimitKind::InFlight,
-    otherwise: "max_in_flight is exact per Envoy; a fleet-wide cap is not offered",
 };
 
 impl LimitFields<'_> {

@@ -15,6 +15,11 @@ use crate::env::{Clock, Env};
 use crate::metrics::{Counter, Histogram};
 use crate::request::{FleetCharge, Flow};
 use crate::retry_after::Random;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How soon a request the fleet had no slot for asks again, on average (a slot frees when a
+/// stream ends anywhere in the fleet, which only the service sees).
+pub const SLOT_REASK_MS: u64 = 50;
 
 /// How long past `fleet.timeout_ms` the worker waits for an answer Envoy never delivered before
 /// it applies the fallback itself.
@@ -287,7 +292,7 @@ impl FleetAsk {
     /// Envoy's own cooldown to decide, as without a fleet.
     fn verdict(&mut self, fleet: &FleetLimits, cfg: &Config, env: &mut Env) -> Verdict {
         let said = std::mem::take(&mut self.said);
-        let answered: Vec<(Ask, Said)> = std::mem::take(&mut self.asks)
+        let mut answered: Vec<(Ask, Said)> = std::mem::take(&mut self.asks)
             .into_iter()
             .zip(said.into_iter().map(|s| s.unwrap_or(Said::Failed)))
             .collect();
@@ -314,13 +319,31 @@ impl FleetAsk {
                 Said::Ok { .. } => {}
             }
         }
+        // A slot granted without a hold is no slot (a server whose reservation fraction clamps
+        // a hold of 1 away): the call failed, `on_error` decides.
+        for (a, s) in answered.iter_mut() {
+            if let (Of::Limit(l), Said::Ok { reservation: None }) = (a.of, &*s) {
+                if cfg.limits[l].kind == LimitKind::InFlight {
+                    warn_unheld_slot(&cfg.limits[l].name, cfg.limits[l].per_window);
+                    *s = Said::Failed;
+                }
+            }
+        }
         let over = answered.iter().find_map(|(a, s)| match (a.of, s) {
             (Of::Limit(limit), Said::Over { wait_ms }) => Some((limit, *wait_ms)),
             _ => None,
         });
         if let Some((limit, wait_ms)) = over {
-            let wait_ms = refusal_wait_ms(wait_ms, default_ms, env.rng);
-            return refusal(Blocked::Fleet { limit, wait_ms }, false, answered);
+            // A full cap frees when a stream of the fleet ends: asked again soon, not at the
+            // window's reset.
+            let blocked = if cfg.limits[limit].kind == LimitKind::InFlight {
+                let retry_in_ms = refusal_wait_ms(None, SLOT_REASK_MS, env.rng);
+                Blocked::Slot { limit, retry_in_ms }
+            } else {
+                let wait_ms = refusal_wait_ms(wait_ms, default_ms, env.rng);
+                Blocked::Fleet { limit, wait_ms }
+            };
+            return refusal(blocked, false, answered);
         }
         let failed: Vec<usize> = answered
             .iter()
@@ -355,13 +378,31 @@ impl FleetAsk {
 
 /// Said once per worker: a server that answers a turn with no hold clamps it away.
 fn warn_unheld_turn() {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        log::warn!(
-            "llm_governor: the rate-limit service granted a turn without holding it, so cooldowns \
-             stay per Envoy: start limitador-server with --max-reservation-fraction 1 (a turn is \
-             the whole of the llm_governor_turn limit, whose max_value is 1)"
-        );
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    warn_once(&WARNED, || {
+        "llm_governor: the rate-limit service granted a turn without holding it, so cooldowns \
+         stay per Envoy: start limitador-server with --max-reservation-fraction 1 (a turn is \
+         the whole of the llm_governor_turn limit, whose max_value is 1)"
+            .to_string()
+    });
+}
+
+/// Said once per worker: a server that answers a slot with no hold clamps it away.
+fn warn_unheld_slot(limit: &str, cap: u64) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    warn_once(&WARNED, || {
+        format!(
+            "llm_governor: the rate-limit service granted a slot of the fleet max_in_flight \
+             {limit:?} without holding it, so fleet.on_error decides each request: start \
+             limitador-server with --max-reservation-fraction of at least 1/{cap} (a slot is a \
+             hold of 1 of {cap})"
+        )
+    });
+}
+
+fn warn_once(warned: &AtomicBool, message: impl FnOnce() -> String) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!("{}", message());
     }
 }
 
@@ -383,8 +424,9 @@ fn admitted(cfg: &Config, answered: Vec<(Ask, Said)>) -> Admitted {
                     reservation: r,
                 })
             }
+            // Token budgets settle with the usage; a slot is given back at the end.
             (Of::Limit(limit), Said::Ok { reservation })
-                if cfg.limits[limit].kind == LimitKind::Tokens =>
+                if cfg.limits[limit].kind != LimitKind::Requests =>
             {
                 out.charges.push(FleetCharge {
                     limit,

@@ -23,8 +23,9 @@ const MAX_KEY_VALUE: usize = 256;
 /// The fleet limits and how to reach the service that decides them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FleetLimits {
-    /// The fleet limits, by index; token budgets first (a reservation the service holds can
-    /// be released at no cost if another limit refuses).
+    /// The fleet limits, by index: token budgets, then `max_in_flight` caps, then request
+    /// rates (what is reserved first: a reservation the service holds can be released at no
+    /// cost if another limit refuses).
     limits: Vec<usize>,
     domain: String,
     pub(crate) timeout_ms: u64,
@@ -72,12 +73,29 @@ impl FleetLimits {
     pub fn of(cfg: &Config) -> Option<FleetLimits> {
         let fleet = cfg.fleet.as_ref()?;
         let ls = &cfg.limits;
-        let of_kind = |tokens: bool| {
-            (0..ls.len()).filter(move |&i| {
-                ls[i].scope == Scope::Fleet && (ls[i].kind == LimitKind::Tokens) == tokens
-            })
+        let rank = |k: LimitKind| match k {
+            LimitKind::Tokens => 0,
+            LimitKind::InFlight => 1,
+            LimitKind::Requests => 2,
         };
-        let limits: Vec<usize> = of_kind(true).chain(of_kind(false)).collect();
+        let mut limits: Vec<usize> = (0..ls.len())
+            .filter(|&i| ls[i].scope == Scope::Fleet)
+            .collect();
+        limits.sort_by_key(|&i| rank(ls[i].kind));
+        for &i in &limits {
+            let l = &ls[i];
+            if l.kind == LimitKind::InFlight && l.slot_lease_ms > RESERVATION_TTL_MS {
+                // Nothing in the protocol says what TTL a hold got: said at load.
+                log::warn!(
+                    "llm_governor: limits[{i}] ({:?}) leases fleet slots for {} ms; \
+                     limitador-server cuts a hold at --max-reservation-ttl (60 s by default): \
+                     start it with --max-reservation-ttl of at least that, or a stream past \
+                     60 s stops holding its slot",
+                    l.name,
+                    l.slot_lease_ms
+                );
+            }
+        }
         (!limits.is_empty() || fleet.cooldowns).then(|| FleetLimits {
             limits,
             domain: fleet.domain.clone(),
@@ -88,7 +106,7 @@ impl FleetLimits {
         })
     }
 
-    /// The fleet limits, by index (token budgets first).
+    /// The fleet limits, by index (token budgets first, then caps).
     pub fn limits(&self) -> &[usize] {
         &self.limits
     }
@@ -105,17 +123,24 @@ impl FleetLimits {
         });
         turn.into_iter()
             .chain(self.limits.iter().map(|&i| {
-                let tokens = cfg.limits[i].kind == LimitKind::Tokens;
+                let l = &cfg.limits[i];
+                let (amount, reserve, ttl_ms) = match l.kind {
+                    LimitKind::Tokens => (
+                        limits::reservation(l, flow).amount.max(1),
+                        self.reservations,
+                        RESERVATION_TTL_MS,
+                    ),
+                    // A slot: a hold of 1 for the lease, given back (a Commit of 0) when the
+                    // stream ends however it ends.
+                    LimitKind::InFlight => (1, true, l.slot_lease_ms),
+                    LimitKind::Requests => (1, false, RESERVATION_TTL_MS),
+                };
                 Ask {
                     of: Of::Limit(i),
                     key: self.key(cfg, i, flow),
-                    amount: if tokens {
-                        limits::reservation(&cfg.limits[i], flow).amount.max(1)
-                    } else {
-                        1
-                    },
-                    reserve: tokens && self.reservations,
-                    ttl_ms: RESERVATION_TTL_MS,
+                    amount,
+                    reserve,
+                    ttl_ms,
                 }
             }))
             .collect()
@@ -142,8 +167,13 @@ impl FleetLimits {
         charge: &FleetCharge,
         seq: u32,
     ) -> Option<ServiceCall> {
-        let used = charge.settled.unwrap_or(charge.amount);
         let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
+        if cfg.limits[charge.limit].kind == LimitKind::InFlight {
+            // A slot is given back, whatever the stream used.
+            let id = charge.reservation.as_deref().unwrap_or("");
+            return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, 0)));
+        }
+        let used = charge.settled.unwrap_or(charge.amount);
         if self.reservations {
             let id = charge.reservation.as_deref().unwrap_or("");
             return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, used)));

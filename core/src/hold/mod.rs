@@ -364,7 +364,10 @@ fn release(
         let Some(head) = q.get_mut(p) else {
             break;
         };
-        let fleet_refused = matches!(head.blocked, Blocked::Fleet { .. } | Blocked::Turn { .. });
+        let fleet_refused = matches!(
+            head.blocked,
+            Blocked::Fleet { .. } | Blocked::Turn { .. } | Blocked::Slot { .. }
+        );
         match admission.admit(&mut head.flow, env) {
             Ok(()) => {
                 // A request costs its turn 1, or its reservation when a token budget held it.

@@ -1,0 +1,176 @@
+//! `max_in_flight` with `scope: "fleet"` through the worker: a slot is a hold of 1 on the
+//! service for the lease (Reserve), given back with a Commit of 0 when the stream ends however
+//! it ends; a full cap holds the request and asks again soon; a service that cannot answer
+//! leaves `on_error` to decide (`local`: this Envoy's own cap of the same size).
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::reactions::{calls, replied};
+use common::*;
+use llm_governor_core::fleet::ask::SLOT_REASK_MS;
+use llm_governor_core::fleet::grpc::{Method, ServiceReply};
+use llm_governor_core::metrics::Counter;
+use llm_governor_core::worker::{Action, Effect, Reaction, Stage};
+
+const CAP: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "on_error": "local"},
+  "limits": [{"name": "slots", "key": "header:x-tenant-id", "max_in_flight": 1, "scope": "fleet",
+              "slot_lease_ms": 30000}],
+  "hold": {"max_ms": 10000}}"#;
+
+const TENANT: &[(&str, &str)] = &[("x-tenant-id", "acme"), ("x-stainless-timeout", "30")];
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// What the service answered to call `seq` of stream `id`.
+fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
+    let token = u64::from(seq);
+    h.worker.calls().sent(Some(id), token, seq);
+    h.call(|w, lent| w.on_call_done(Some(id), token, reply, lent))
+        .map_or(
+            Reaction {
+                effects: Vec::new(),
+                action: Action::Pause,
+            },
+            |(_, r)| r,
+        )
+}
+
+/// Stream `id` asks for a slot; the service answers `reply`. The Reserve it sent, and what
+/// the answer did.
+fn ask(h: &mut Host, id: u32, reply: &[u8]) -> (Vec<u8>, Reaction) {
+    let r = h.request_headers(id, TENANT, true);
+    assert_eq!(r.action, Action::Pause);
+    let asked = calls(&r);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].method, Method::Reserve);
+    let r = answer(h, id, asked[0].seq, ServiceReply::Message(reply));
+    (asked[0].message.clone(), r)
+}
+
+#[test]
+fn a_slot_is_a_hold_of_one_for_the_lease_given_back_with_a_commit_of_zero() {
+    let mut h = Host::new(CAP);
+    let (reserve, r) = ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    assert!(contains(&reserve, b"slots") && contains(&reserve, b"acme"));
+    // amount = 1 (field 3), ttl = 30 s (field 4: a Duration of 30 seconds).
+    assert!(
+        contains(&reserve, &[0x18, 1, 0x22, 2, 0x08, 30]),
+        "{reserve:?}"
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    h.response(3, 200, &[("content-type", "application/json")], "{}");
+    h.end(3);
+    let owed = h.worker.calls().take_owed();
+    assert_eq!(owed.len(), 1, "{owed:?}");
+    assert_eq!(owed[0].method, Method::Commit);
+    assert!(contains(&owed[0].message, b"slot-7"));
+    assert!(
+        owed[0].message.ends_with(&[0x20, 0]),
+        "actual_amount 0: {:?}",
+        owed[0].message
+    );
+}
+
+#[test]
+fn a_stream_reset_before_its_response_gives_its_slot_back() {
+    let mut h = Host::new(CAP);
+    let (_, r) = ask(&mut h, 3, &reserve_answer(1, "slot-9"));
+    assert!(r.effects.contains(&Effect::ResumeRequest));
+    h.end(3);
+    let owed = h.worker.calls().take_owed();
+    assert_eq!(owed.len(), 1, "{owed:?}");
+    assert!(contains(&owed[0].message, b"slot-9") && owed[0].message.ends_with(&[0x20, 0]));
+}
+
+#[test]
+fn a_full_cap_holds_the_request_and_asks_again_soon() {
+    let mut h = Host::new(CAP);
+    let (_, r) = ask(&mut h, 1, &reserve_answer(2, ""));
+    assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
+    assert_eq!(h.worker.stage(1), Stage::Held);
+    assert_eq!(
+        h.metrics
+            .counters
+            .iter()
+            .filter(|(_, c)| *c == Counter::FleetCallsOverLimit)
+            .count(),
+        1
+    );
+    // Not at the window's reset (a cap has none): within the re-ask period.
+    let mut waited = 0;
+    let again = loop {
+        h.advance(1);
+        waited += 1;
+        assert!(waited <= 2 * SLOT_REASK_MS, "never asked again");
+        let left = h.tick_reactions();
+        if let Some((_, r)) = left.first() {
+            break calls(r);
+        }
+    };
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].method, Method::Reserve);
+    let r = answer(
+        &mut h,
+        1,
+        again[0].seq,
+        ServiceReply::Message(&reserve_answer(1, "s")),
+    );
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+}
+
+#[test]
+fn without_hold_a_full_cap_is_a_local_429_of_source_limit() {
+    let mut h = Host::new(&CAP.replace(r#""max_ms": 10000"#, r#""max_ms": 0"#));
+    let (_, r) = ask(&mut h, 1, &reserve_answer(2, ""));
+    let reply = replied(&r).expect("answered locally");
+    assert_eq!(reply.status, 429);
+    assert_eq!(header(&reply.headers, "x-llm-governor-source"), "limit");
+    assert_eq!(h.worker.stage(1), Stage::Done);
+}
+
+#[test]
+fn a_service_that_cannot_answer_leaves_on_error_local_to_this_envoys_own_cap() {
+    let mut h = Host::new(CAP);
+    let (_, r) = ask(&mut h, 1, b"\xff\xff garbage");
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    assert_eq!(
+        h.metrics
+            .counters
+            .iter()
+            .filter(|(_, c)| *c == Counter::FleetFallback)
+            .count(),
+        1
+    );
+    // The local cap of the same size is now full: the next one whose call fails waits.
+    let (_, r) = ask(&mut h, 2, b"\xff\xff garbage");
+    assert!(replied(&r).is_none());
+    assert_eq!(h.worker.stage(2), Stage::Held);
+    // The first stream ends: nothing owed to the service (it holds no slot), the local one
+    // frees, and the held request asks the service again.
+    h.end(1);
+    assert!(h.worker.calls().take_owed().is_empty());
+}
+
+#[test]
+fn a_slot_granted_without_a_hold_is_a_failed_call_on_error_decides() {
+    // A server run with a reservation fraction below 1/cap clamps the hold away: OK, no id.
+    let mut h = Host::new(CAP);
+    let (_, r) = ask(&mut h, 1, &reserve_answer(1, ""));
+    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+    assert_eq!(
+        h.metrics
+            .counters
+            .iter()
+            .filter(|(_, c)| *c == Counter::FleetFallback)
+            .count(),
+        1
+    );
+    // This Envoy's own cap decided it: the next such answer waits for the local slot.
+    let (_, r) = ask(&mut h, 2, &reserve_answer(1, ""));
+    assert!(replied(&r).is_none());
+    assert_eq!(h.worker.stage(2), Stage::Held);
+}
