@@ -240,6 +240,11 @@ fn message(
             "llm_governor: local limit {:?} is exhausted; retry after {delay_ms} ms",
             l.name
         ),
+        // A full `max_in_flight` cap (this Envoy's or the fleet's): the provider said nothing.
+        (AnswerSource::Limit, None) => format!(
+            "llm_governor: a local max_in_flight limit is full; answered at the gateway; \
+             retry after {delay_ms} ms"
+        ),
         _ if class == Class::QuotaExhausted => {
             "llm_governor: the provider reported this account's quota or spend limit as exhausted; \
              retrying will not help until it is raised"
