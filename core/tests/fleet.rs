@@ -26,37 +26,15 @@ fn with_on_error(on_error: &str) -> String {
 
 const TENANT: &[(&str, &str)] = &[("x-tenant-id", "acme"), ("x-api-key", "sk-secret-of-acme")];
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// What the service answered to call `seq` of stream `id` (sent as the host's token `seq`).
-fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
-    let token = u64::from(seq);
-    h.worker.calls().sent(Some(id), token, seq);
-    let r = h.call(|w, lent| w.on_call_done(Some(id), token, reply, lent));
-    r.map_or(
-        Reaction {
-            effects: Vec::new(),
-            action: Action::Pause,
-        },
-        |(_, r)| r,
-    )
-}
-
 /// The service says OK to call `seq` of stream `id`, the last it waited for: the request goes.
 fn let_go_by(h: &mut Host, id: u32, seq: u32) {
-    let r = answer(h, id, seq, ServiceReply::Message(&rls_answer(1, None)));
+    let r = h.service_answer(id, seq, ServiceReply::Message(&rls_answer(1, None)));
     assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
 }
 
 fn reply_header<'a>(r: &'a Reaction, name: &str) -> &'a str {
     let reply = replied(r).unwrap_or_else(|| panic!("no local answer: {r:?}"));
     header(&reply.headers, name)
-}
-
-fn count(h: &Host, c: Counter) -> usize {
-    h.metrics.counters.iter().filter(|(_, x)| *x == c).count()
 }
 
 #[test]
@@ -84,7 +62,7 @@ fn a_fleet_limit_asks_the_service_with_the_contract_descriptor_and_goes_on_its_o
 
     let_go_by(&mut h, 7, asked[0].seq);
     assert_eq!(h.worker.stage(7), Stage::Upstream);
-    assert_eq!(count(&h, Counter::FleetCallsOk), 1);
+    assert_eq!(h.count(Counter::FleetCallsOk), 1);
     assert_eq!(h.metrics.fleet_call_ms.len(), 1);
     let _ = Histogram::FleetCallMs;
 }
@@ -94,12 +72,7 @@ fn an_over_limit_answer_is_a_local_429_told_the_services_wait() {
     let mut h = Host::new(RPM);
     let r = h.request_headers(7, TENANT, true);
     let seq = calls(&r)[0].seq;
-    let r = answer(
-        &mut h,
-        7,
-        seq,
-        ServiceReply::Message(&rls_answer(2, Some(7))),
-    );
+    let r = h.service_answer(7, seq, ServiceReply::Message(&rls_answer(2, Some(7))));
     let reply = replied(&r).expect("answered locally");
     assert_eq!(reply.status, 429);
     assert_eq!(reply_header(&r, "x-llm-governor-source"), "limit");
@@ -107,7 +80,7 @@ fn an_over_limit_answer_is_a_local_429_told_the_services_wait() {
     let told: u64 = reply_header(&r, "retry-after-ms").parse().unwrap();
     assert!((7000..=7000 * 12 / 10).contains(&told), "{told}");
     assert!(reply_header(&r, "ratelimit-policy").contains("\"tenant-rpm\";q=2;w=60"));
-    assert_eq!(count(&h, Counter::FleetCallsOverLimit), 1);
+    assert_eq!(h.count(Counter::FleetCallsOverLimit), 1);
     assert_eq!(h.worker.stage(7), Stage::Done);
 }
 
@@ -120,13 +93,8 @@ fn what_local_limits_took_goes_back_when_the_fleet_refuses() {
     let mut h = Host::new(&cfg);
     let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
-    replied(&answer(
-        &mut h,
-        1,
-        seq,
-        ServiceReply::Message(&rls_answer(2, Some(1))),
-    ))
-    .expect("refused");
+    replied(&h.service_answer(1, seq, ServiceReply::Message(&rls_answer(2, Some(1)))))
+        .expect("refused");
     // The local bucket of one got its request back: the next one is admitted locally again.
     let r = h.request_headers(2, TENANT, true);
     assert_eq!(
@@ -143,12 +111,12 @@ fn a_failed_call_falls_back_to_this_envoys_own_bucket_of_the_same_rate() {
     for id in 1..=3 {
         let r = h.request_headers(id, TENANT, true);
         let seq = calls(&r)[0].seq;
-        let r = answer(&mut h, id, seq, ServiceReply::Failed(14));
+        let r = h.service_answer(id, seq, ServiceReply::Failed(14));
         outcomes.push(if replied(&r).is_some() { "429" } else { "go" });
     }
     assert_eq!(outcomes, ["go", "go", "429"]);
-    assert_eq!(count(&h, Counter::FleetErrors), 3);
-    assert_eq!(count(&h, Counter::FleetFallback), 3);
+    assert_eq!(h.count(Counter::FleetErrors), 3);
+    assert_eq!(h.count(Counter::FleetFallback), 3);
 }
 
 #[test]
@@ -156,16 +124,17 @@ fn on_error_allow_lets_it_go_and_deny_answers_it() {
     let mut h = Host::new(&with_on_error("allow"));
     let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
-    assert!(answer(&mut h, 1, seq, ServiceReply::Failed(4))
+    assert!(h
+        .service_answer(1, seq, ServiceReply::Failed(4))
         .effects
         .contains(&Effect::ResumeRequest));
 
     let mut h = Host::new(&with_on_error("deny"));
     let r = h.request_headers(1, TENANT, true);
     let seq = calls(&r)[0].seq;
-    let r = answer(&mut h, 1, seq, ServiceReply::Failed(4));
+    let r = h.service_answer(1, seq, ServiceReply::Failed(4));
     assert_eq!(replied(&r).map(|x| x.status), Some(429));
-    assert_eq!(count(&h, Counter::FleetFallback), 1);
+    assert_eq!(h.count(Counter::FleetFallback), 1);
 }
 
 #[test]
@@ -179,9 +148,9 @@ fn garbage_or_an_unknown_code_is_a_failure_never_a_panic() {
         let mut h = Host::new(&with_on_error("deny"));
         let r = h.request_headers(1, TENANT, true);
         let seq = calls(&r)[0].seq;
-        let r = answer(&mut h, 1, seq, ServiceReply::Message(bytes));
+        let r = h.service_answer(1, seq, ServiceReply::Message(bytes));
         assert!(replied(&r).is_some(), "{bytes:?}: {r:?}");
-        assert_eq!(count(&h, Counter::FleetErrors), 1);
+        assert_eq!(h.count(Counter::FleetErrors), 1);
     }
 }
 
@@ -201,9 +170,9 @@ fn no_answer_by_the_timeout_is_a_failure_decided_on_the_tick() {
         left[0].1.effects.contains(&Effect::ResumeRequest),
         "{left:?}"
     );
-    assert_eq!(count(&h, Counter::FleetErrors), 1);
+    assert_eq!(h.count(Counter::FleetErrors), 1);
     // The answer that comes afterwards is ignored.
-    let late = answer(&mut h, 1, 1, ServiceReply::Message(&rls_answer(2, None)));
+    let late = h.service_answer(1, 1, ServiceReply::Message(&rls_answer(2, None)));
     assert!(late.effects.is_empty());
     assert_eq!(h.worker.stage(1), Stage::Upstream);
 }
@@ -230,12 +199,7 @@ fn held_by_a_refusal(reset_s: u64, u: f64) -> Host {
     let hs = [TENANT, &[("x-stainless-timeout", "30")][..]].concat();
     let r = h.request_headers(1, &hs, true);
     let seq = calls(&r)[0].seq;
-    let r = answer(
-        &mut h,
-        1,
-        seq,
-        ServiceReply::Message(&rls_answer(2, Some(reset_s))),
-    );
+    let r = h.service_answer(1, seq, ServiceReply::Message(&rls_answer(2, Some(reset_s))));
     assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
     assert_eq!(h.worker.stage(1), Stage::Held);
     h
@@ -308,8 +272,7 @@ fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
     let r = with_body(&mut h, 3);
     let asked = calls(&r);
     assert_eq!(asked[0].method, Method::Reserve);
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         3,
         asked[0].seq,
         ServiceReply::Message(&reserve_answer(1, "res-42")),
@@ -335,12 +298,7 @@ fn a_provider_error_commits_nothing_used() {
     let mut h = Host::new(TPM);
     let r = with_body(&mut h, 3);
     let seq = calls(&r)[0].seq;
-    answer(
-        &mut h,
-        3,
-        seq,
-        ServiceReply::Message(&reserve_answer(1, "res-1")),
-    );
+    h.service_answer(3, seq, ServiceReply::Message(&reserve_answer(1, "res-1")));
     h.response(3, 500, &[], r#"{"error":{"message":"boom"}}"#);
     h.end(3);
     let owed = h.worker.calls().take_owed();
@@ -403,8 +361,7 @@ fn the_request_limit_is_asked_only_once_the_token_budget_reserved() {
         Method::Reserve,
         "token budgets are asked first"
     );
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         3,
         asked[0].seq,
         ServiceReply::Message(&reserve_answer(1, "res-1")),
@@ -421,8 +378,7 @@ fn the_request_limit_is_asked_only_once_the_token_budget_reserved() {
 #[test]
 fn a_token_budget_s_refusal_charges_the_request_limit_nothing() {
     let (mut h, asked) = token_and_request_limits_asked();
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         3,
         asked[0].seq,
         ServiceReply::Message(&rls_answer(2, Some(4))),
@@ -441,13 +397,13 @@ fn a_token_budget_s_refusal_charges_the_request_limit_nothing() {
 #[test]
 fn a_failed_reservation_still_asks_the_request_limit_and_falls_back_for_the_budget() {
     let (mut h, asked) = token_and_request_limits_asked();
-    let r = answer(&mut h, 3, asked[0].seq, ServiceReply::Failed(14));
+    let r = h.service_answer(3, asked[0].seq, ServiceReply::Failed(14));
     let then = calls(&r);
     assert_eq!(then.len(), 1);
     assert_eq!(then[0].method, Method::ShouldRateLimit);
     let_go_by(&mut h, 3, then[0].seq);
-    assert_eq!(count(&h, Counter::FleetFallback), 1);
-    assert_eq!(count(&h, Counter::FleetErrors), 1);
+    assert_eq!(h.count(Counter::FleetFallback), 1);
+    assert_eq!(h.count(Counter::FleetErrors), 1);
 }
 
 #[test]
@@ -458,15 +414,14 @@ fn a_first_stage_with_no_answer_by_the_timeout_asks_nothing_more() {
     assert_eq!(left.len(), 1);
     assert!(calls(&left[0].1).is_empty(), "{left:?}");
     // One call was sent and failed; the request limit never asked falls back too.
-    assert_eq!(count(&h, Counter::FleetErrors), 1);
-    assert_eq!(count(&h, Counter::FleetFallback), 1);
+    assert_eq!(h.count(Counter::FleetErrors), 1);
+    assert_eq!(h.count(Counter::FleetFallback), 1);
 }
 
 #[test]
 fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
     let (mut h, asked) = token_and_request_limits_asked();
-    answer(
-        &mut h,
+    h.service_answer(
         3,
         asked[0].seq,
         ServiceReply::Message(&reserve_answer(1, "res-9")),
@@ -480,14 +435,12 @@ fn a_stream_gone_while_waiting_releases_its_reservation_and_local_takes() {
 #[test]
 fn a_refusal_by_one_limit_releases_the_reservation_another_granted() {
     let (mut h, asked) = token_and_request_limits_asked();
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         3,
         asked[0].seq,
         ServiceReply::Message(&reserve_answer(1, "res-5")),
     );
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         3,
         calls(&r)[0].seq,
         ServiceReply::Message(&rls_answer(2, Some(3))),

@@ -21,24 +21,6 @@ const CAP: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "on_error": 
 
 const TENANT: &[(&str, &str)] = &[("x-tenant-id", "acme"), ("x-stainless-timeout", "30")];
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// What the service answered to call `seq` of stream `id`.
-fn answer(h: &mut Host, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
-    let token = u64::from(seq);
-    h.worker.calls().sent(Some(id), token, seq);
-    h.call(|w, lent| w.on_call_done(Some(id), token, reply, lent))
-        .map_or(
-            Reaction {
-                effects: Vec::new(),
-                action: Action::Pause,
-            },
-            |(_, r)| r,
-        )
-}
-
 /// Stream `id` asks for a slot; the service answers `reply`. The Reserve it sent, and what
 /// the answer did.
 fn ask(h: &mut Host, id: u32, reply: &[u8]) -> (Vec<u8>, Reaction) {
@@ -47,7 +29,7 @@ fn ask(h: &mut Host, id: u32, reply: &[u8]) -> (Vec<u8>, Reaction) {
     let asked = calls(&r);
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert_eq!(asked[0].method, Method::Reserve);
-    let r = answer(h, id, asked[0].seq, ServiceReply::Message(reply));
+    let r = h.service_answer(id, asked[0].seq, ServiceReply::Message(reply));
     (asked[0].message.clone(), r)
 }
 
@@ -92,14 +74,7 @@ fn a_full_cap_holds_the_request_and_asks_again_soon() {
     let (_, r) = ask(&mut h, 1, &reserve_answer(2, ""));
     assert!(replied(&r).is_none() && r.action == Action::Pause, "{r:?}");
     assert_eq!(h.worker.stage(1), Stage::Held);
-    assert_eq!(
-        h.metrics
-            .counters
-            .iter()
-            .filter(|(_, c)| *c == Counter::FleetCallsOverLimit)
-            .count(),
-        1
-    );
+    assert_eq!(h.count(Counter::FleetCallsOverLimit), 1);
     // Not at the window's reset (a cap has none): within the re-ask period.
     let mut waited = 0;
     let again = loop {
@@ -113,8 +88,7 @@ fn a_full_cap_holds_the_request_and_asks_again_soon() {
     };
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].method, Method::Reserve);
-    let r = answer(
-        &mut h,
+    let r = h.service_answer(
         1,
         again[0].seq,
         ServiceReply::Message(&reserve_answer(1, "s")),
@@ -133,44 +107,21 @@ fn without_hold_a_full_cap_is_a_local_429_of_source_limit() {
 }
 
 #[test]
-fn a_service_that_cannot_answer_leaves_on_error_local_to_this_envoys_own_cap() {
-    let mut h = Host::new(CAP);
-    let (_, r) = ask(&mut h, 1, b"\xff\xff garbage");
-    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
-    assert_eq!(
-        h.metrics
-            .counters
-            .iter()
-            .filter(|(_, c)| *c == Counter::FleetFallback)
-            .count(),
-        1
-    );
-    // The local cap of the same size is now full: the next one whose call fails waits.
-    let (_, r) = ask(&mut h, 2, b"\xff\xff garbage");
-    assert!(replied(&r).is_none());
-    assert_eq!(h.worker.stage(2), Stage::Held);
-    // The first stream ends: nothing owed to the service (it holds no slot), the local one
-    // frees, and the held request asks the service again.
-    h.end(1);
-    assert!(h.worker.calls().take_owed().is_empty());
-}
-
-#[test]
-fn a_slot_granted_without_a_hold_is_a_failed_call_on_error_decides() {
-    // A server run with a reservation fraction below 1/cap clamps the hold away: OK, no id.
-    let mut h = Host::new(CAP);
-    let (_, r) = ask(&mut h, 1, &reserve_answer(1, ""));
-    assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
-    assert_eq!(
-        h.metrics
-            .counters
-            .iter()
-            .filter(|(_, c)| *c == Counter::FleetFallback)
-            .count(),
-        1
-    );
-    // This Envoy's own cap decided it: the next such answer waits for the local slot.
-    let (_, r) = ask(&mut h, 2, &reserve_answer(1, ""));
-    assert!(replied(&r).is_none());
-    assert_eq!(h.worker.stage(2), Stage::Held);
+fn a_slot_the_service_cannot_hold_leaves_on_error_local_to_this_envoys_own_cap() {
+    // A failed call, or an OK without a hold (a server run with a reservation fraction below
+    // 1/cap clamps the hold away): this Envoy's own cap of the same size decides.
+    let garbage: &[u8] = b"\xff\xff garbage";
+    for reply in [garbage, &reserve_answer(1, "")] {
+        let mut h = Host::new(CAP);
+        let (_, r) = ask(&mut h, 1, reply);
+        assert!(r.effects.contains(&Effect::ResumeRequest), "{r:?}");
+        assert_eq!(h.count(Counter::FleetFallback), 1);
+        // The local cap is now full: the next one answered so waits.
+        let (_, r) = ask(&mut h, 2, reply);
+        assert!(replied(&r).is_none());
+        assert_eq!(h.worker.stage(2), Stage::Held);
+        // The first stream ends: nothing owed to the service (it holds no slot).
+        h.end(1);
+        assert!(h.worker.calls().take_owed().is_empty());
+    }
 }

@@ -322,6 +322,33 @@ def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
         assert fleet.stat("fleet_errors") == 0
 
 
+def test_a_turn_is_handed_off_when_its_holder_has_nothing_left_to_send(simulator, sim):
+    """The holder of a (pool, account)'s turn gives it back once it has sent what it held and
+    the provider has room, even with no stream of its own left to tick it (the native module
+    then ticks it on the main thread): another Envoy's call goes at once, not when the turn's
+    hold expires (TURN_MS, 10 s)."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
+              "hold": {"max_ms": 20000}}
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:
+        a, b = fleet.envoys[0], fleet.envoys[1]
+        # Down for 0.8 s, then 3 requests per 3 s window, the outage's rejections counted.
+        sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 800, "keys": [key],
+                      "limit": {"requests": 3, "window_ms": 3000}})
+        started = time.monotonic()
+        assert [post(e, key, body=body()).status_code for e in (a, b)] == [429, 429]
+        held = {"x-stainless-timeout": "30"}
+        # A sends through the cooldown's pace (it takes the turn); its answer says the window
+        # is full, so A keeps the turn until the window resets, with no stream of its own left.
+        assert post(a, key, body=body(), headers=held, timeout=30.0).status_code == 200
+        r = post(b, key, body=body(), headers=held, timeout=30.0)
+        waited = time.monotonic() - started
+        assert r.status_code == 200, r.text
+        # B goes once the window resets (~3 s) and A has handed the turn off, not when A's
+        # hold of it expires (10 s after A took it, ~11 s).
+        assert waited < 5.0, f"B's call ended {waited:.1f} s in: A kept a turn it no longer used"
+
+
 FLEET_CAP = 4
 
 

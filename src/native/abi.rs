@@ -981,14 +981,14 @@ unsafe fn module<'a>(m: *const c_void) -> Option<&'a Module> {
 extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     cfg: *mut c_void,
     m: *const c_void,
-    _event_id: u64,
+    event_id: u64,
 ) {
     guarded("http_filter_config_scheduled", (), || {
         // SAFETY: Envoy's config object and our module of it, on the main thread.
         let (Some(raw), Some(module)) = (NonNull::new(cfg), unsafe { module(m) }) else {
             return;
         };
-        super::fleet::send_owed(module, &MainThread { raw });
+        super::fleet::scheduled(module, &MainThread { raw }, event_id);
     })
 }
 

@@ -24,11 +24,13 @@ pub struct Fleet {
 }
 
 /// The main thread as the core's `Host` of worker `slot`: it sends that worker's owed calls and
-/// hears their answers. It addresses no stream.
+/// hears their answers. It addresses no stream: `idle`, it reaches the worker only while none
+/// of its streams is paused (a tick then has no stream to address).
 struct Main<'a> {
     module: &'a Module,
     slot: usize,
     main: &'a MainThread,
+    idle: bool,
 }
 
 impl Host for Main<'_> {
@@ -40,6 +42,9 @@ impl Host for Main<'_> {
         f: impl FnOnce(&mut Worker, &mut Lent) -> T,
     ) -> Option<T> {
         let mut state = self.module.slots.get(self.slot)?.state.lock().ok()?;
+        if self.idle && !state.paused.is_empty() {
+            return None;
+        }
         let mut lent = Lent {
             store: adapters::store(),
             metrics: &mut self.module.stats.on_main(self.main),
@@ -96,10 +101,35 @@ impl Fleet {
     }
 }
 
+/// On the main thread, the configuration's scheduler's event: the timer's `IDLE_TICK` ticks
+/// each worker with no paused stream (re-armed after); then every worker's owed calls go.
+pub fn scheduled(module: &Module, main: &MainThread, event: u64) {
+    if event == super::timer::IDLE_TICK {
+        for slot in 0..module.slots.len() {
+            let host = Main {
+                module,
+                slot,
+                main,
+                idle: true,
+            };
+            protocol::tick(&host);
+            if let Some(next) = host.with_worker(None, |w, _| w.next_due_ms()) {
+                module.timer.arm(slot, next);
+            }
+        }
+    }
+    send_owed(module, main);
+}
+
 /// On the main thread: send every worker's owed calls.
 pub fn send_owed(module: &Module, main: &MainThread) {
     for slot in 0..module.slots.len() {
-        protocol::send_owed(&Main { module, slot, main });
+        protocol::send_owed(&Main {
+            module,
+            slot,
+            main,
+            idle: false,
+        });
     }
 }
 
@@ -109,7 +139,13 @@ pub fn owed_done(module: &Module, main: &MainThread, callout: u64, answer: &Answ
     let Some(slot) = out.and_then(|mut out| out.remove(&callout)) else {
         return;
     };
-    protocol::call_done(&Main { module, slot, main }, None, callout, reply(answer));
+    let host = Main {
+        module,
+        slot,
+        main,
+        idle: false,
+    };
+    protocol::call_done(&host, None, callout, reply(answer));
 }
 
 /// What the service's answer means to the core.

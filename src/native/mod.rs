@@ -103,7 +103,8 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
             next_id: AtomicU32::new(1),
         })
         .collect();
-    let timer = timer::Timer::start(workers)?;
+    let idle = fleet.as_ref().and_then(|_| ConfigScheduler::new(cfg));
+    let timer = timer::Timer::start(workers, idle)?;
     Some(Arc::new(Module {
         stats,
         slots,

@@ -4,9 +4,11 @@
 //! paused streams, whose `scheduled` hook runs the worker's tick on its own thread and arms the
 //! next deadline. Until the worker re-arms, the thread commits again every `RETRY_MS`, so a
 //! commit lost with its stream (a client gone meanwhile) delays a tick by that much, never
-//! for ever.
+//! for ever. A worker due with no paused stream (it keeps a fleet turn to give back, and every
+//! stream of it is upstream or gone) is ticked on the main thread instead, through the
+//! configuration's scheduler (`IDLE_TICK`), when the fleet gave it one.
 
-use super::abi::Scheduler;
+use super::abi::{ConfigScheduler, Scheduler};
 use super::adapters::now_ms;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -19,12 +21,17 @@ const RETRY_MS: u64 = llm_governor_core::effects::TICK_MS;
 /// No deadline.
 const NONE: u64 = u64::MAX;
 
+/// The configuration scheduler's event that ticks the workers due with no paused stream.
+pub const IDLE_TICK: u64 = 1;
+
 pub struct Timer {
     state: Mutex<State>,
     wake: Condvar,
     /// Per worker, the deadline armed now (`NONE`): read without the lock on every hook.
     armed: Vec<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Runs `IDLE_TICK` on the main thread (None: no fleet, nothing ticks without a stream).
+    idle: Option<ConfigScheduler>,
 }
 
 #[derive(Default)]
@@ -46,7 +53,8 @@ struct WorkerTimer {
 
 impl Timer {
     /// The timer of `workers` workers, its thread started; None (logged) if it cannot start.
-    pub fn start(workers: usize) -> Option<Arc<Timer>> {
+    /// `idle` ticks a worker due with no paused stream, on the main thread.
+    pub fn start(workers: usize, idle: Option<ConfigScheduler>) -> Option<Arc<Timer>> {
         let timer = Arc::new(Timer {
             state: Mutex::new(State {
                 stop: false,
@@ -56,6 +64,7 @@ impl Timer {
             wake: Condvar::new(),
             armed: (0..workers).map(|_| AtomicU64::new(NONE)).collect(),
             thread: Mutex::new(None),
+            idle,
         });
         let runs = timer.clone();
         let spawned = std::thread::Builder::new()
@@ -152,8 +161,10 @@ impl Timer {
                 let Some(due) = t.due else { continue };
                 let due = if due <= now {
                     // The newest paused stream is the likeliest to still be there.
-                    if let Some((_, scheduler)) = t.wakers.last() {
-                        scheduler.commit(w as u64);
+                    match (t.wakers.last(), &self.idle) {
+                        (Some((_, scheduler)), _) => scheduler.commit(w as u64),
+                        (None, Some(idle)) => idle.commit(IDLE_TICK),
+                        (None, None) => {}
                     }
                     let again = now + RETRY_MS;
                     t.due = Some(again);

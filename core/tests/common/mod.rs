@@ -16,6 +16,7 @@ use reactions::{told, Told};
 use llm_governor_core::bucket::{Bucket, Shape};
 use llm_governor_core::config;
 use llm_governor_core::effects::TICK_MS;
+use llm_governor_core::fleet::grpc::ServiceReply;
 use llm_governor_core::headers::{owned, Headers};
 use llm_governor_core::keys::{self, HashKey};
 use llm_governor_core::lease::Leases;
@@ -453,6 +454,35 @@ impl Host {
     pub fn advance(&mut self, ms: u64) {
         self.now_ms += ms;
     }
+
+    /// What the fleet's service answered to call `seq` of stream `id` (sent as the host's
+    /// token `seq`): the stream's reaction (a pause when it reacts to nothing).
+    pub fn service_answer(&mut self, id: u32, seq: u32, reply: ServiceReply) -> Reaction {
+        let token = u64::from(seq);
+        self.worker.calls().sent(Some(id), token, seq);
+        let r = self.call(|w, lent| w.on_call_done(Some(id), token, reply, lent));
+        r.map_or(
+            Reaction {
+                effects: Vec::new(),
+                action: Action::Pause,
+            },
+            |(_, r)| r,
+        )
+    }
+
+    /// How many times counter `c` was counted.
+    pub fn count(&self, c: llm_governor_core::metrics::Counter) -> usize {
+        self.metrics
+            .counters
+            .iter()
+            .filter(|(_, x)| *x == c)
+            .count()
+    }
+}
+
+/// Whether `needle` occurs in `hay`.
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A request to api.example.com at `path` with headers `hs`.
