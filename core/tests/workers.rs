@@ -15,13 +15,30 @@ use llm_governor_core::worker::{Action, Stage};
 const CFG: &str =
     r#"{"pools": [{"name": "openai", "match": {"path_prefix": "/v1/chat"}, "dialect": "openai"}]}"#;
 
+/// Account A cools for 1 s: a 429 on worker 0.
+fn cool(ws: &mut Workers<'_, MemStore>) {
+    let (id, r) = ws.request(0, &[A]);
+    assert_eq!(r.action, Action::Continue);
+    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+}
+
+/// The cooldown ends: one probe leaves for all the workers, and its answer reports `left`
+/// requests left. The probe (worker, stream), and what the workers let go after it.
+fn probe_says(ws: &mut Workers<'_, MemStore>, left: &str) -> ((usize, u32), Vec<(usize, u32)>) {
+    ws.clock.advance(1_000 + GRAIN);
+    let probe = ws.tick();
+    assert_eq!(probe.len(), 1, "one probe for all the workers: {probe:?}");
+    let (w, id) = probe[0];
+    ws.clock.advance(5);
+    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", left)], "");
+    ((w, id), ws.tick_all())
+}
+
 #[test]
 fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
     let store = MemStore::new();
     let mut ws = Workers::new(&governor(CFG), 4, &store);
-    let (id, r) = ws.request(0, &[A]);
-    assert_eq!(r.action, Action::Continue);
-    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    cool(&mut ws);
     // 20 held, spread over the four workers.
     for i in 0..20 {
         let w = i % 4;
@@ -71,17 +88,11 @@ fn a_probes_remaining_is_shared_by_every_workers_held_requests() {
 fn answers_read_out_of_order_by_several_workers_open_no_more_than_the_newest_says() {
     let store = MemStore::new();
     let mut ws = Workers::new(&governor(CFG), 4, &store);
-    let (id, _) = ws.request(0, &[A]);
-    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    cool(&mut ws);
     for i in 0..20 {
         ws.request(i % 4, &[A]);
     }
-    ws.clock.advance(1_000 + GRAIN);
-    let probe = ws.tick();
-    let (w, id) = probe[0];
-    ws.clock.advance(5);
-    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "9")], "");
-    let released = ws.tick_all();
+    let (_, released) = probe_says(&mut ws, "9");
     assert_eq!(released.len(), 9);
     // The provider took the first three released (9 -> 8, 7, 6 left), the other six are on
     // their way; the workers read the three answers newest first.
@@ -104,17 +115,11 @@ fn a_burst_admitted_in_another_order_than_it_was_released_opens_nothing_more() {
     // opened three more (three 429s in a storm with a 500 ms latency); it opens none.
     let store = MemStore::new();
     let mut ws = Workers::new(&governor(CFG), 2, &store);
-    let (id, _) = ws.request(0, &[A]);
-    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    cool(&mut ws);
     for i in 0..10 {
         ws.request(i % 2, &[A]);
     }
-    ws.clock.advance(1_000 + GRAIN);
-    let probe = ws.tick();
-    let (w, id) = probe[0];
-    ws.clock.advance(5);
-    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "4")], "");
-    let burst = ws.tick_all();
+    let (_, burst) = probe_says(&mut ws, "4");
     assert_eq!(burst.len(), 4);
     let (w, id) = burst[3];
     ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "3")], "");
@@ -131,19 +136,12 @@ fn each_worker_holding_requests_takes_its_share_of_a_round() {
     // tick: three each. The first worker to tick used to take the whole round.
     let store = MemStore::new();
     let mut ws = Workers::new(&governor(CFG), 2, &store);
-    let (id, _) = ws.request(0, &[A]);
-    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    cool(&mut ws);
     for w in [0; 8].into_iter().chain([1; 4]) {
         ws.request(w, &[A]);
     }
-    ws.clock.advance(1_000 + GRAIN);
-    let probe = ws.tick();
-    assert_eq!(probe.len(), 1);
-    let (w, id) = probe[0];
+    let ((w, _), round) = probe_says(&mut ws, "6");
     assert_eq!(w, 0, "the probe: worker 0's first");
-    ws.clock.advance(5);
-    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
-    let round = ws.tick_all();
     assert_eq!(round.len(), 6);
     let on_1 = round.iter().filter(|(w, _)| *w == 1).count();
     assert_eq!(on_1, 3, "worker 1's share: {round:?}");
@@ -158,8 +156,7 @@ fn a_tenant_held_on_one_worker_gets_its_share_of_every_workers_releases() {
                   "hold": {"fair_key": "header:x-tenant-id"}}"#;
     let store = MemStore::new();
     let mut ws = Workers::new(&governor(cfg), 2, &store);
-    let (id, _) = ws.request(0, &[A]);
-    ws.complete(0, id, 429, &[("retry-after", "1")], RL);
+    cool(&mut ws);
     let batch = [A, ("x-tenant-id", "batch")];
     let chat = [A, ("x-tenant-id", "chat")];
     let mut tenant = std::collections::HashMap::new();
@@ -173,12 +170,7 @@ fn a_tenant_held_on_one_worker_gets_its_share_of_every_workers_releases() {
         let (id, _) = ws.request(w, t);
         tenant.insert((w, id), t[1].1);
     }
-    ws.clock.advance(1_000 + GRAIN);
-    let probe = ws.tick();
-    let (w, id) = probe[0];
-    ws.clock.advance(5);
-    ws.complete(w, id, 200, &[("x-ratelimit-remaining-requests", "6")], "");
-    let round = ws.tick_all();
+    let (_, round) = probe_says(&mut ws, "6");
     let order: Vec<&str> = round.iter().map(|k| tenant[k]).collect();
     assert_eq!(order.len(), 6);
     assert_eq!(
