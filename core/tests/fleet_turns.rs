@@ -158,15 +158,23 @@ fn cooled_fleet() -> Vec<Host> {
     fleet
 }
 
+/// Every Envoy of the fleet `ms` later, then ticked: what each sent.
+fn round(fleet: &mut [Host], ms: u64, svc: &mut TurnService) -> Vec<Vec<u32>> {
+    fleet
+        .iter_mut()
+        .map(|h| {
+            h.advance(ms);
+            tick(h, svc)
+        })
+        .collect()
+}
+
 #[test]
 fn a_provider_round_costs_the_fleet_one_probe_and_the_turn_passes_when_it_has_room() {
     let mut svc = TurnService::default();
     let mut fleet = cooled_fleet();
     // The cooldown ends on every Envoy: each asks for the turn; only the first gets it.
-    for h in &mut fleet {
-        h.advance(1_000 + 1);
-    }
-    let went: Vec<Vec<u32>> = fleet.iter_mut().map(|h| tick(h, &mut svc)).collect();
+    let went = round(&mut fleet, 1_000 + 1, &mut svc);
     assert_eq!(
         went,
         vec![vec![2], vec![], vec![]],
@@ -184,19 +192,13 @@ fn a_provider_round_costs_the_fleet_one_probe_and_the_turn_passes_when_it_has_ro
     fleet[0].respond(2, 429, &[("retry-after", "1")], RL);
     fleet[0].end(2);
     assert!(matches!(fleet[0].arrive(3, PATH, &[A]), Step::Held));
-    for h in &mut fleet {
-        h.advance(500);
-    }
-    let went: Vec<Vec<u32>> = fleet.iter_mut().map(|h| tick(h, &mut svc)).collect();
+    let went = round(&mut fleet, 500, &mut svc);
     assert_eq!(
         went,
         vec![Vec::<u32>::new(), vec![], vec![]],
         "nobody probes mid-cooldown"
     );
-    for h in &mut fleet {
-        h.advance(600);
-    }
-    let went: Vec<Vec<u32>> = fleet.iter_mut().map(|h| tick(h, &mut svc)).collect();
+    let went = round(&mut fleet, 600, &mut svc);
     assert_eq!(
         went,
         vec![vec![3], vec![], vec![]],
@@ -228,10 +230,7 @@ fn with_the_service_down_each_envoy_keeps_its_own_cooldown_and_says_so() {
         ..TurnService::default()
     };
     let mut fleet = cooled_fleet();
-    for h in &mut fleet {
-        h.advance(1_000 + 1);
-    }
-    let went: Vec<Vec<u32>> = fleet.iter_mut().map(|h| tick(h, &mut svc)).collect();
+    let went = round(&mut fleet, 1_000 + 1, &mut svc);
     assert_eq!(
         went,
         vec![vec![2], vec![2], vec![2]],

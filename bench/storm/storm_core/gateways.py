@@ -503,7 +503,52 @@ class FleetGateway(Gateway):
         return out
 
 
-class LiteLLMFleetGateway(Gateway):
+class LiteLLMProxies(Gateway):
+    """Three LiteLLM proxies (num_retries 3, as (d)) on one Redis, which `router` names (and
+    `deployment`'s rpm/tpm, when given): what (x-litellm) and (r3-litellm) share."""
+
+    def __init__(self, key: str, sim: Simulator, router: dict, deployment: Optional[dict] = None):
+        from fleet_rig import Redis
+
+        self.key = key
+        self.sim = sim
+        # The proxies' configuration names Redis's port before it starts: chosen now, kept.
+        self.redis = Redis(port=free_port())
+        master = "sk-storm-master-" + uuid.uuid4().hex
+        router = {**router, "redis_host": "127.0.0.1", "redis_port": self.redis.port}
+        self.proxies = [LiteLLMGateway("d", sim, deployment=deployment, router_settings=router, master_key=master)
+                        for _ in range(3)]
+
+    def client_key(self, fresh: str) -> str:
+        return self.proxies[0].master_key
+
+    def upstream_key(self, client_key: str) -> str:
+        return LiteLLMGateway.UPSTREAM_KEY
+
+    def start(self) -> "LiteLLMProxies":
+        try:
+            self.redis.start()
+            for p in self.proxies:
+                p.start()
+            self.started()
+        except (HarnessError, GatewayUnavailable) as err:
+            self.stop()
+            raise GatewayUnavailable(str(err)) from err
+        return self
+
+    def started(self) -> None:
+        """What starts once the proxies run (nothing, here)."""
+
+    def stop(self) -> None:
+        for p in self.proxies:
+            p.stop()
+        self.redis.cleanup()
+
+    def info(self) -> dict:
+        return {"version": litellm_version()}
+
+
+class LiteLLMFleetGateway(LiteLLMProxies):
     """(x-litellm): three LiteLLM proxies (one worker each) behind the same 60/30/10 Envoy
     balancer as the Envoy fleet, sharing one Redis the way LiteLLM's docs say to share a
     deployment's rpm/tpm across instances: `router_settings.redis_host` / `redis_port` and the
@@ -517,52 +562,23 @@ class LiteLLMFleetGateway(Gateway):
     key = "x-litellm"
 
     def __init__(self, key: str, sim: Simulator):
-        from fleet_rig import Redis
-
-        self.key = key
-        self.sim = sim
-        # The proxies' configuration names Redis's port before it starts: chosen now, kept.
-        self.redis = Redis(port=free_port())
-        master = "sk-storm-master-" + uuid.uuid4().hex
-        router = {"routing_strategy": "usage-based-routing-v2",
-                  "redis_host": "127.0.0.1", "redis_port": self.redis.port}
-        deployment = {"rpm": FLEET_RPM, "tpm": FLEET_TPM}
-        self.proxies = [LiteLLMGateway("d", sim, deployment=deployment, router_settings=router, master_key=master)
-                        for _ in range(3)]
+        super().__init__(key, sim, {"routing_strategy": "usage-based-routing-v2"},
+                         {"rpm": FLEET_RPM, "tpm": FLEET_TPM})
         self.lb: Optional[Envoy] = None
 
-    def client_key(self, fresh: str) -> str:
-        return self.proxies[0].master_key
-
-    def upstream_key(self, client_key: str) -> str:
-        return LiteLLMGateway.UPSTREAM_KEY
-
-    def start(self) -> "LiteLLMFleetGateway":
-        try:
-            self.redis.start()
-            for p in self.proxies:
-                p.start()
-            self.lb = Envoy(None, upstream_port=self.sim.port, concurrency=1,
-                            bootstrap=lb_bootstrap([p.port for p in self.proxies])).start()
-        except (HarnessError, GatewayUnavailable) as err:
-            self.stop()
-            raise GatewayUnavailable(str(err)) from err
-        return self
+    def started(self) -> None:
+        self.lb = Envoy(None, upstream_port=self.sim.port, concurrency=1,
+                        bootstrap=lb_bootstrap([p.port for p in self.proxies])).start()
 
     def stop(self) -> None:
         if self.lb is not None:
             self.lb.stop(check=False)
             self.lb.cleanup()
-        for p in self.proxies:
-            p.stop()
-        self.redis.cleanup()
+        super().stop()
 
     def base_url(self) -> str:
         assert self.lb is not None
         return self.lb.url + "/v1"
-
-    def info(self) -> dict:
-        return {"version": litellm_version()}
 
 
 def lb_bootstrap(ports: list) -> dict:
@@ -676,49 +692,18 @@ class ReplicaGateway(Gateway):
         return out
 
 
-class LiteLLMPinnedGateway(Gateway):
+class LiteLLMPinnedGateway(LiteLLMProxies):
     """(r3-litellm): three LiteLLM proxies (num_retries 3) on one Redis (cooldowns shared the way
     LiteLLM's docs say), each client pinned to one."""
 
     def __init__(self, key: str, sim: Simulator):
-        from fleet_rig import Redis
-
-        self.key = key
-        self.sim = sim
-        self.redis = Redis(port=free_port())
-        master = "sk-storm-master-" + uuid.uuid4().hex
-        router = {"redis_host": "127.0.0.1", "redis_port": self.redis.port}
-        self.proxies = [LiteLLMGateway("d", sim, router_settings=router, master_key=master) for _ in range(3)]
-
-    def client_key(self, fresh: str) -> str:
-        return self.proxies[0].master_key
-
-    def upstream_key(self, client_key: str) -> str:
-        return LiteLLMGateway.UPSTREAM_KEY
-
-    def start(self) -> "LiteLLMPinnedGateway":
-        try:
-            self.redis.start()
-            for proxy in self.proxies:
-                proxy.start()
-        except (HarnessError, GatewayUnavailable) as err:
-            self.stop()
-            raise GatewayUnavailable(str(err)) from err
-        return self
-
-    def stop(self) -> None:
-        for proxy in self.proxies:
-            proxy.stop()
-        self.redis.cleanup()
+        super().__init__(key, sim, {})
 
     def base_url(self) -> str:
         return self.proxies[0].base_url()
 
     def client_urls(self, clients: int):
         return [self.proxies[r].base_url() for r in pinned(clients, 3)]
-
-    def info(self) -> dict:
-        return {"version": litellm_version()}
 
 
 def make_gateway(key: str, sim: Simulator, concurrency: int = 2, backup: Optional[Simulator] = None,

@@ -168,12 +168,11 @@ impl FleetLimits {
         seq: u32,
     ) -> Option<ServiceCall> {
         let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
-        if cfg.limits[charge.limit].kind == LimitKind::InFlight {
-            // A slot is given back, whatever the stream used.
-            let id = charge.reservation.as_deref().unwrap_or("");
-            return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, 0)));
-        }
-        let used = charge.settled.unwrap_or(charge.amount);
+        // A slot is given back whatever the stream used (a fleet cap needs reservations).
+        let used = match cfg.limits[charge.limit].kind {
+            LimitKind::InFlight => 0,
+            _ => charge.settled.unwrap_or(charge.amount),
+        };
         if self.reservations {
             let id = charge.reservation.as_deref().unwrap_or("");
             return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, used)));
