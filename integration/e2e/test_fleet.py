@@ -139,20 +139,25 @@ def test_the_shipped_limits_file_loads_in_limitador_server():
         assert limit["variables"] == ["descriptors[0]['key']"]
 
 
-@real_server_only("the fixture has Reserve / Commit")
-def test_reservations_on_limitador_server_are_errors_the_fallback_decides(simulator, sim):
-    """limitador-server has no Reserve: a token budget left at `"reservations": true` gets
-    UNIMPLEMENTED, counted in fleet_errors and decided by on_error, never a request lost or
-    let through unchecked; request budgets (ShouldRateLimit) are not affected."""
+def test_a_service_without_reservations_is_an_error_the_fallback_decides_and_named(simulator, sim):
+    """limitador-server released before its reservations has no Reserve (the fixture answers as
+    it does with `--answer no-reservations`): a token budget left at `"reservations": true` gets
+    UNIMPLEMENTED, counted in fleet_errors and decided by on_error, never a request lost or let
+    through unchecked; request budgets (ShouldRateLimit) are not affected; Envoy's log says once
+    what to run or set (issue 31, item 6)."""
     config = {**CONFIG, "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "on_error": "local",
                                   "reservations": True}}
-    with Redis() as redis, rls_service(redis, limits_file(config)) as service, \
+    extra = None if REAL_SERVER else ["--answer", "no-reservations"]
+    with Redis() as redis, rls_service(redis, limits_file(config), extra) as service, \
             fleet_envoy(config, sim.port, service.port) as envoy:
         key = new_key()
         statuses = [tenant_post(envoy, new_tenant(), key).status_code for _ in range(3)]
         assert statuses == [200, 200, 200]
         assert envoy.pool_stat("openai", "fleet_errors") == 3 and envoy.pool_stat("openai", "fleet_fallback") == 3
         assert envoy.pool_stat("openai", "fleet_calls_ok") >= 3  # the request budget's ShouldRateLimit
+        said = [line for line in envoy.log().splitlines() if "answered Reserve with UNIMPLEMENTED" in line]
+        assert len(said) == 1, envoy.log_tail()
+        assert "limitador-server" in said[0] and "fleet.reservations: false" in said[0], said
 
 
 def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):

@@ -55,6 +55,9 @@ pub enum ServiceReply<'a> {
 pub const NOT_SENT: u32 = 0;
 /// gRPC status codes a host reports when the call fails below gRPC.
 pub const UNKNOWN: u32 = 2;
+/// What a server answers a method it does not have (limitador-server before its reservations, or
+/// a storage without them, to a `Reserve`).
+pub const UNIMPLEMENTED: u32 = 12;
 pub const INTERNAL: u32 = 13;
 pub const UNAVAILABLE: u32 = 14;
 
@@ -147,7 +150,7 @@ fn from_http(status: Option<&[u8]>) -> u32 {
         Some(b"400") => INTERNAL,
         Some(b"401") => 16,
         Some(b"403") => 7,
-        Some(b"404") => 12,
+        Some(b"404") => UNIMPLEMENTED,
         Some(b"429" | b"502" | b"503" | b"504") => UNAVAILABLE,
         _ => UNKNOWN,
     }

@@ -187,8 +187,12 @@ impl Turns {
 
 /// The reservation a turn's Reserve was granted, if the service holds one.
 pub fn granted(reply: ServiceReply) -> Option<String> {
-    let ServiceReply::Message(bytes) = reply else {
-        return None;
+    let bytes = match reply {
+        ServiceReply::Message(bytes) => bytes,
+        ServiceReply::Failed(code) => {
+            super::ask::warn_if_no_reservations(code);
+            return None;
+        }
     };
     let answer = rls::decode_reserve(bytes).ok()?;
     (answer.code == Some(Code::Ok))

@@ -27,8 +27,10 @@ USAGE: limitador-rls [OPTIONS]
                                    (default 0.5)
   --delay-ms N                     every answer leaves N ms late (default 0)
   --toggle-delay-ms N              the delay SIGUSR1 switches to and back from (default 1000)
-  --answer MODE                    ok (default), garbage (bytes that are no protobuf message)
-                                   or unavailable (gRPC UNAVAILABLE)
+  --answer MODE                    ok (default), garbage (bytes that are no protobuf message),
+                                   unavailable (gRPC UNAVAILABLE) or no-reservations (Reserve
+                                   and Commit answer UNIMPLEMENTED, as limitador-server
+                                   released before its reservations does)
   -h, --help / -V, --version
 
 Run time: GET or POST /faults[?delay_ms=N][&answer=MODE] (HTTP/1.1 on the gRPC port) sets what
@@ -171,7 +173,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Str
             "--answer" => {
                 let v = value()?;
                 s.answer = Answer::parse(&v).ok_or_else(|| {
-                    format!("--answer: ok, garbage or unavailable, got {v:?}")
+                    format!("--answer: ok, garbage, unavailable or no-reservations, got {v:?}")
                 })?;
             }
             other => return Err(format!("unknown argument {other:?} (see --help)")),

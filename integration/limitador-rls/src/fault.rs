@@ -1,5 +1,6 @@
 //! Fault injection, process-wide (one process is one instance): a delay before every answer,
-//! and what the answers are (`ok`, `garbage` bytes, or gRPC `UNAVAILABLE`).
+//! and what the answers are (`ok`, `garbage` bytes, gRPC `UNAVAILABLE`, or `UNIMPLEMENTED` for
+//! `Reserve` and `Commit` alone).
 //!
 //! Set at start (`--delay-ms`, `--answer`), at run time through `GET|POST /faults?...` on the
 //! gRPC port (HTTP/1.1), and SIGUSR1 swaps the delay between `--delay-ms` and
@@ -25,6 +26,9 @@ pub enum Answer {
     Garbage = 1,
     /// Every RPC fails with gRPC `UNAVAILABLE` ("fault injected"), as on a storage error.
     Unavailable = 2,
+    /// `Reserve` and `Commit` fail with gRPC `UNIMPLEMENTED`, the rest answers for real: what
+    /// limitador-server released before its reservations answers (and its gossip storage).
+    NoReservations = 3,
 }
 
 impl Answer {
@@ -33,6 +37,7 @@ impl Answer {
             "ok" => Some(Answer::Ok),
             "garbage" => Some(Answer::Garbage),
             "unavailable" => Some(Answer::Unavailable),
+            "no-reservations" => Some(Answer::NoReservations),
             _ => None,
         }
     }
@@ -42,6 +47,7 @@ impl Answer {
             Answer::Ok => "ok",
             Answer::Garbage => "garbage",
             Answer::Unavailable => "unavailable",
+            Answer::NoReservations => "no-reservations",
         }
     }
 
@@ -49,6 +55,7 @@ impl Answer {
         match v {
             1 => Answer::Garbage,
             2 => Answer::Unavailable,
+            3 => Answer::NoReservations,
             _ => Answer::Ok,
         }
     }

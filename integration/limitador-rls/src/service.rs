@@ -122,6 +122,17 @@ fn injected() -> Result<(), Status> {
     }
 }
 
+/// `injected()`, and the injected `UNIMPLEMENTED` of `Reserve` and `Commit` with
+/// `--answer no-reservations`.
+fn injected_reservations() -> Result<(), Status> {
+    if faults().answer() == Answer::NoReservations {
+        return Err(Status::unimplemented(
+            "fault injected: --answer no-reservations",
+        ));
+    }
+    injected()
+}
+
 /// Every answer, success or error, leaves after the injected delay.
 async fn answer<T>(result: Result<T, Status>) -> Result<Response<T>, Status> {
     faults().wait().await;
@@ -192,7 +203,7 @@ impl Rls {
     }
 
     async fn reserve_(&self, req: ReserveRequest) -> Result<ReserveResponse, Status> {
-        injected()?;
+        injected_reservations()?;
         if req.domain.is_empty() {
             return Ok(ReserveResponse {
                 code: Code::Unknown as i32,
@@ -223,7 +234,7 @@ impl Rls {
     }
 
     async fn commit_(&self, req: CommitRequest) -> Result<CommitResponse, Status> {
-        injected()?;
+        injected_reservations()?;
         if req.domain.is_empty() {
             return Ok(CommitResponse {
                 reservation_released: false,
