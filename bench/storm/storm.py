@@ -26,7 +26,11 @@ provider admits 10 requests per 2 s, a batch tenant of 40 SDK clients calling ba
 chat tenant of 4) run (e) arrival order, (e-fair) `hold.fair_key: header:x-tenant-id`,
 (e-classes) the fair key and classes (chat interactive, weight 4; batch 120 s holds) and
 (d-prio) LiteLLM's priority scheduler (chat priority 0, batch 1), per tenant: completed, p50 /
-p95 wait, local 429s, and the provider's admissions per second.
+p95 wait, local 429s, and the provider's admissions per second. The outage (issue 31:
+outage) runs 1, 3 and 6 Envoys (r1, r3, r3-skew, r6; -fleet: cooldowns shared) and
+(r3-litellm); the fleet cap (fleet-cap: a provider taking 6 requests at a time) runs
+(r3-skew-cap-once) max_in_flight 6 on each of three Envoys, (r3-skew-cap-split) 2 on each and
+(r3-skew-cap-fleet) 6 for the fleet.
 `--configs` selects by letter (`e` selects e, e-cap, e-fo and the e-tpm ones).
 Scenarios: bench/storm/storm_core/scenarios.py; definitions of every figure:
 storm_core/analysis.py and docs/benchmarks-history.md. Writes bench/out/storm/results.json and
@@ -124,6 +128,18 @@ AGENT_COLUMNS = [
     ("p99", "p99_ms", "{:,.0f} ms"),
     ("input prediction median error", "input_error_p50_pct", "{:.1f} %"),
 ]
+# The fleet-cap storm (issue 31): one concurrency cap over three Envoys.
+CAP_COLUMNS = [
+    ("completed", "completed", "{:.0f}/{calls}"),
+    ("upstream req / call", "per_call", "{:.2f}"),
+    ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
+    ("provider concurrency 429s", "concurrency_429s", "{:.0f}"),
+    ("client-visible 429s", "client_429s", "{:.0f}"),
+    ("served / s", "served_per_s", "{:.2f}"),
+    ("of what the cap lets through", "of_cap", "{:.0%}"),
+    ("p50 to completion", "p50_ms", "{:,.0f} ms"),
+    ("p99 to completion", "p99_ms", "{:,.0f} ms"),
+]
 OPTIONAL_COLUMNS = [
     ("p99 / schedule minimum", "p99_over_schedule_min", "{:.3f}"),
     ("provider max in flight", "provider_max_in_flight", "{:.0f}"),
@@ -170,6 +186,8 @@ def storm_table(rows: list, config_order: tuple) -> str:
     """One row per configuration; with several runs, every cell is min – max (median)."""
     if any("served_in_run" in r for r in rows):
         columns = AGENT_COLUMNS
+    elif any("of_cap" in r for r in rows):
+        columns = CAP_COLUMNS
     elif any("tenants" in r for r in rows):
         columns = tenant_columns(rows)
     elif any("backup_requests" in r for r in rows):
@@ -271,6 +289,13 @@ def run_batch(key: str, batch: list, rep: int, args, sim: Simulator, backup, art
                       f"admits, {r['provider_429s']} provider 429s ({r['input_429s']} input, {r['output_429s']} "
                       f"output), {r['client_local_429s']} local 429s, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
                       f"input prediction p50 error {r['input_error_p50_pct']} % [{time.time() - t:.1f}s]", flush=True)
+                continue
+            if "of_cap" in r:
+                print(f"[{rep + 1}/{args.repeat}] ({shown}) {storm.name}: {r['completed']}/{r['calls']} completed, "
+                      f"{r['per_call']:.2f} req/call, provider max in flight {r['provider_max_in_flight']}, "
+                      f"{r['concurrency_429s']} concurrency 429s, {r['served_per_s']}/s served "
+                      f"({r['of_cap']:.0%} of what the cap lets through), p99 {r['p99_ms']} ms "
+                      f"[{time.time() - t:.1f}s]", flush=True)
                 continue
             if "tenants" in r:
                 each = ", ".join(f"{n}: {t['completed']}/{t['calls']} done, p50 {t['p50_wait_ms']} ms, p95 "

@@ -221,6 +221,8 @@ def measure(storm: Storm, config: str, config_name: str, results: list, entries:
         out["provider_log"] = _log(entries, t0_unix_ms)
     if storm.tpm_tokens:
         out.update(token_figures(storm.tpm_tokens, entries, t0_unix_ms, results, gateway_info))
+    if storm.cap:
+        out.update(cap_figures(storm, up))
     if storm.itpm_tokens:
         out.update(agent_figures(storm, entries, t0_unix_ms, gateway_info))
     if storm.schedule_min_ms:
@@ -272,6 +274,22 @@ def tenant_figures(storm: Storm, results: list, up: list) -> dict:
         "admitted_per_s": round(per_s, 2),
         "pace_used": round(per_s / rate, 3) if rate else None,
         "provider_429s_after_1s": sum(1 for u in up if u.status == 429 and u.t_ms >= 1000),
+    }
+
+
+def cap_figures(storm: Storm, up: list) -> dict:
+    """The fleet-cap storm's figures (issue 31). What the cap lets through: `cap` answers every
+    latency. Served per second: the provider's 200s over the busy span, from its first request
+    to the last 200's answer (its arrival plus the latency); `of_cap` is that over what the cap
+    lets through. Concurrency 429s: the provider's 429s for a request past its concurrency."""
+    latency = storm.phases[0].scenario["latency_ms"]
+    ok = [u.t_ms for u in up if u.status == 200]
+    span = max(ok) + latency - up[0].t_ms if ok else None
+    per_s = len(ok) * 1000 / span if span else 0.0
+    return {
+        "served_per_s": round(per_s, 2),
+        "of_cap": round(per_s / (storm.cap * 1000 / latency), 3),
+        "concurrency_429s": sum(1 for u in up if u.status == 429 and u.decision == "concurrency"),
     }
 
 

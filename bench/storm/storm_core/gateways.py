@@ -128,6 +128,29 @@ for _n in (1, 3, 6):
             CONFIG_NAMES[_key] = f"{_who}, " + ("a fleet section (cooldowns shared)" if _fleet else "defaults")
 CONFIG_NAMES["r3-litellm"] = "3 LiteLLM proxies on one Redis, clients spread evenly"
 
+
+def cap_config(cap: int, scope: str) -> dict:
+    """The fleet-cap storm's (issue 31): `max_in_flight` of the key at `cap`, held requests
+    waiting for a slot up to 60 s; with `scope: "fleet"` one cap for every Envoy."""
+    config = {"pools": POOLS, "hold": {"max_ms": 60_000},
+              "limits": [{"name": "key-cap", "key": "account", "max_in_flight": cap, "scope": scope,
+                          "slot_lease_ms": 60_000}]}
+    if scope == "fleet":
+        config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100}
+    return config
+
+
+# The fleet-cap storm (issue 31): three Envoys, clients pinned 60/30/10, the provider's
+# concurrency limit (6) written as each Envoy's cap (18 in all), split three ways, or once for
+# the fleet.
+REPLICA_CAPS = {"r3-skew-cap-once": cap_config(6, "local"), "r3-skew-cap-split": cap_config(2, "local"),
+                "r3-skew-cap-fleet": cap_config(6, "fleet")}
+for _key, _what in (("r3-skew-cap-once", "max_in_flight 6 on each (written once)"),
+                    ("r3-skew-cap-split", "max_in_flight 2 on each (split three ways)"),
+                    ("r3-skew-cap-fleet", "max_in_flight 6 for the fleet (scope fleet)")):
+    REPLICA_CONFIGS[_key] = (3, "skew", True)
+    CONFIG_NAMES[_key] = f"3 Envoys, clients 60/30/10, {_what}"
+
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
 # 60,000 tokens a minute, written as the gateway's limits three ways. Local limits are buckets
 # of a per-minute rate (burst: one window's worth); fleet limits are the service's fixed windows
@@ -627,7 +650,8 @@ def pinned(clients: int, replicas: int, weights=None) -> list:
 
 class ReplicaGateway(Gateway):
     """(r*): N Envoys (2 workers each) with llm-governor, each client pinned to one; for (r*-fleet)
-    a Redis and two Limitador-compatible services on it, the replicas asking them in turn."""
+    and (r3-skew-cap-fleet) a Redis and two Limitador-compatible services on it, the replicas
+    asking them in turn."""
 
     def __init__(self, key: str, sim: Simulator, artifact: Optional[str] = None):
         self.key = key
@@ -638,6 +662,9 @@ class ReplicaGateway(Gateway):
         self.config = {"pools": POOLS}
         if self.fleet:
             self.config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100, "cooldowns": True}
+        if key in REPLICA_CAPS:
+            self.config = REPLICA_CAPS[key]
+            self.fleet = "fleet" in self.config
         self.redis = None
         self.services: list = []
         self.replicas: list = []

@@ -89,6 +89,9 @@ class Storm:
     # "tenants" clients: groups of SDK clients of one account, each group with its own headers,
     # timeout and pause between calls, all calling in a loop until `duration_s` (issue 33).
     tenants: tuple = ()
+    # The fleet-cap storm (issue 31): the provider's concurrency limit on the key, for the
+    # throughput the cap lets through (that many answers every latency).
+    cap: Optional[int] = None
 
     @property
     def calls(self) -> int:
@@ -414,6 +417,30 @@ FAIR_SHARE = Storm(
 )
 
 
+# Issue 31, item 7: one concurrency cap for the fleet. The provider takes at most 6 requests of
+# the key at a time (a seventh is answered 429 and counted) and answers each after 500 ms; 30
+# SDK clients (max_retries 3) pinned 60/30/10 over three Envoys of 2 workers, 6 calls each, back
+# to back. The cap written once (6 on each Envoy: 18 in all), split three ways (2 each), and
+# once for the fleet (`scope: "fleet"`, slots held on a Limitador-compatible service on Redis).
+CAP_N, CAP_LATENCY_MS = 6, 500
+FLEET_CAP_CONFIGS = ("r3-skew-cap-once", "r3-skew-cap-split", "r3-skew-cap-fleet")
+FLEET_CAP = Storm(
+    name="fleet-cap",
+    title="fleet cap (issue 31): 30 SDK clients x 6 calls pinned 60/30/10 over 3 Envoys; the provider "
+          "takes 6 at a time, 500 ms each",
+    clients=30,
+    calls_per_client=6,
+    start_spread_ms=1000.0,
+    phases=[Phase({"mode": "ok", "latency_ms": CAP_LATENCY_MS, "max_concurrency": CAP_N})],
+    # 180 calls, 6 at a time, 500 ms each.
+    schedule_min_ms=30 * 6 // CAP_N * CAP_LATENCY_MS,
+    configs=FLEET_CAP_CONFIGS,
+    run_timeout_s=120.0,
+    fresh_gateway=True,
+    cap=CAP_N,
+)
+
+
 def replay(client_kind: str, style: str) -> Storm:
     """The published replay: 120 clients at t = 0, every request 429 until 2,000 ms (the
     provider says 2 s), at most 4 attempts, 2,500 ms total budget."""
@@ -447,5 +474,6 @@ SCENARIOS = {
     "noisy-neighbour": lambda: [NOISY],
     "noisy-neighbour-slow": lambda: [NOISY_SLOW],
     "fair-share": lambda: [FAIR_SHARE],
+    "fleet-cap": lambda: [FLEET_CAP],
     "replay": lambda: [replay("fixed", "ms"), replay("obey", "ms"), replay("fixed", "seconds"), replay("obey", "seconds")],
 }
