@@ -4,7 +4,7 @@
 //! is decided here, once, one row of `core/tests/fleet_ask.rs` per case.
 
 use super::calls::Calls;
-use super::grpc::{ServiceCall, ServiceReply, UNIMPLEMENTED};
+use super::grpc::{self, ServiceCall, ServiceReply};
 use super::limits::{Ask, FleetLimits, Grant, Of};
 use super::rls::{self, Code};
 use super::turn::{TurnKey, Turns, TURN_REASK_MS};
@@ -400,23 +400,6 @@ fn warn_unheld_slot(limit: &str, cap: u64) {
     });
 }
 
-/// Said once per worker: a service that answers `Reserve` with UNIMPLEMENTED has no
-/// reservations (limitador-server released before them, or a storage without them), and every
-/// token budget, fleet slot and turn falls to `fleet.on_error`.
-pub fn warn_if_no_reservations(code: u32) {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if code != UNIMPLEMENTED {
-        return;
-    }
-    warn_once(&WARNED, || {
-        "llm_governor: the rate-limit service answered Reserve with UNIMPLEMENTED, so token \
-         budgets, fleet max_in_flight and fleet.cooldowns fall to fleet.on_error: run \
-         limitador-server with Reserve/Commit (its main branch since 2026-09; storage redis, or \
-         memory for a single server), or set fleet.reservations: false"
-            .to_string()
-    });
-}
-
 fn warn_once(warned: &AtomicBool, message: impl FnOnce() -> String) {
     if !warned.swap(true, Ordering::Relaxed) {
         log::warn!("{}", message());
@@ -497,7 +480,7 @@ fn read(ask: &Ask, reply: ServiceReply) -> Said {
         ServiceReply::Message(bytes) => bytes,
         ServiceReply::Failed(code) => {
             if ask.reserve {
-                warn_if_no_reservations(code);
+                grpc::warn_if_no_reservations(code);
             }
             return Said::Failed;
         }

@@ -3,6 +3,8 @@
 //! (the native module), the unary gRPC call as a plain HTTP/2 request and what its answer
 //! (headers and body; Envoy's callout hands over no trailers) means.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 /// A method of the rate-limit services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -153,5 +155,23 @@ fn from_http(status: Option<&[u8]>) -> u32 {
         Some(b"404") => UNIMPLEMENTED,
         Some(b"429" | b"502" | b"503" | b"504") => UNAVAILABLE,
         _ => UNKNOWN,
+    }
+}
+
+/// Said once per worker: a service that answers `Reserve` with UNIMPLEMENTED has no
+/// reservations (limitador-server released before them, or a storage without them), and every
+/// token budget, fleet slot and turn falls to `fleet.on_error`.
+pub fn warn_if_no_reservations(code: u32) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if code != UNIMPLEMENTED {
+        return;
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        log::warn!(
+            "llm_governor: the rate-limit service answered Reserve with UNIMPLEMENTED, so token \
+             budgets, fleet max_in_flight and fleet.cooldowns fall to fleet.on_error: run \
+             limitador-server with Reserve/Commit (its main branch since 2026-09; storage redis, \
+             or memory for a single server), or set fleet.reservations: false"
+        );
     }
 }

@@ -190,7 +190,7 @@ pub fn granted(reply: ServiceReply) -> Option<String> {
     let bytes = match reply {
         ServiceReply::Message(bytes) => bytes,
         ServiceReply::Failed(code) => {
-            super::ask::warn_if_no_reservations(code);
+            super::grpc::warn_if_no_reservations(code);
             return None;
         }
     };
