@@ -20,7 +20,7 @@ import requests
 
 from fleet_rig import (LIMITADOR_SERVER, REAL_SERVER, RLS_BINARY, RLS_CLUSTER, TURN_SERVICE_ARGS, Redis,
                        fleet_envoy, limits_file, rls_service, validate_limits)
-from harness import REPO_ROOT, Envoy, envoy_bootstrap, governor_filter, new_key, post
+from harness import REPO_ROOT, Envoy, envoy_bootstrap, governor_filter, new_key, post, wait_for
 
 pytestmark = [
     pytest.mark.skipif(not REAL_SERVER and not RLS_BINARY.exists(),
@@ -155,9 +155,12 @@ def test_a_service_without_reservations_is_an_error_the_fallback_decides_and_nam
         assert statuses == [200, 200, 200]
         assert envoy.pool_stat("openai", "fleet_errors") == 3 and envoy.pool_stat("openai", "fleet_fallback") == 3
         assert envoy.pool_stat("openai", "fleet_calls_ok") >= 3  # the request budget's ShouldRateLimit
-        said = [line for line in envoy.log().splitlines() if "answered Reserve with UNIMPLEMENTED" in line]
-        assert len(said) == 1, envoy.log_tail()
-        assert "limitador-server" in said[0] and "fleet.reservations: false" in said[0], said
+        # Envoy writes its log file in the background: wait for the line, then for any second one.
+        said = lambda: [line for line in envoy.log().splitlines() if "answered Reserve with UNIMPLEMENTED" in line]  # noqa: E731
+        wait_for(said, timeout_s=5.0)
+        time.sleep(0.5)
+        assert len(said()) == 1, envoy.log_tail()
+        assert "limitador-server" in said()[0] and "fleet.reservations: false" in said()[0], said()
 
 
 def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
