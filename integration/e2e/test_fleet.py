@@ -357,6 +357,39 @@ def test_a_turn_is_handed_off_when_its_holder_has_nothing_left_to_send(simulator
         assert waited < 5.0, f"B's call ended {waited:.1f} s in: A kept a turn it no longer used"
 
 
+@fixture_only("Reserve / Commit")
+def test_a_turn_whose_holder_was_killed_comes_back_when_its_hold_expires(simulator, sim):
+    """Issue 31, faults: the Envoy holding a (pool, account)'s turn is killed in an outage.
+    Another Envoy's held request waits for the turn (the dead holder's hold, cut to 4 s by the
+    service's --max-reservation-ttl), then goes: never before the hold expires, never a hang."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
+              "hold": {"max_ms": 20000}}
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS + ["--max-reservation-ttl-ms", "4000"]) as fleet:
+        a, b = fleet.envoys[0], fleet.envoys[1]
+        sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 1500, "keys": [key],
+                      "limit": {"requests": 1000, "window_ms": 2000}})
+        assert [post(e, key, body=body()).status_code for e in (a, b)] == [429, 429]
+        # A's held request is its cooldown's probe: A takes the turn, and the provider (down until
+        # 1.5 s) answers 429 again, so A keeps it. Then A is killed.
+        held = {"x-stainless-timeout": "30"}
+        threading.Thread(target=_swallow, daemon=True,
+                         args=(lambda: post(a, key, body=body(), headers=held, timeout=30.0),)).start()
+        wait_for(lambda: len(sim.requests_for(key)) == 3, timeout_s=10.0)
+        a.proc.kill()
+        killed = time.monotonic()
+        r = post(b, key, body=body(), headers=held, timeout=30.0)
+        waited = time.monotonic() - killed
+        print(f"\nturn holder killed: the other Envoy's held call went {waited:.2f} s after the kill")
+        assert r.status_code == 200, r.text
+        # B's request went once A's hold expired (taken ~1 s in, held 4 s), not at once (its own
+        # cooldown had ended) and not at the end of the 10 s A asked for.
+        assert 3.0 <= waited <= 7.0, waited
+        after = sim.requests_for(key)[3:]
+        assert [q["status"] for q in after] == [200], after
+        assert b.pool_stat("openai", "held") >= 1
+
+
 FLEET_CAP = 4
 
 
@@ -399,6 +432,29 @@ def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(si
         assert report["max_in_flight_by_key"][key] >= FLEET_CAP - 1, "the cap was never approached"
         assert fleet.stat("held") > 0, "nobody waited for a slot: no contention tested"
         assert fleet.stat("fleet_errors") == 0
+
+
+@fixture_only("Reserve / Commit")
+def test_a_slot_the_service_clamps_away_is_decided_by_on_error_and_named(simulator, sim):
+    """A fleet cap of 1 on a service left at the server's default --max-reservation-fraction
+    (0.5): the hold of 1 is clamped to nothing, and the service grants it with no reservation.
+    No slot is held, so each grant is a failed call that `on_error` decides (`local`: this
+    Envoy's own cap of 1), counted, never a request let through uncounted or lost; Envoy's log
+    names the flag once (issue 31, faults)."""
+    config = {**cap_config(), "limits": [{"name": "fleet-cap", "key": "account", "max_in_flight": 1,
+                                          "scope": "fleet", "slot_lease_ms": 30000}]}
+    with Redis() as redis, rls_service(redis, limits_file(config)) as service, \
+            fleet_envoy(config, sim.port, service.port) as envoy:
+        key = new_key()
+        statuses = [post(envoy, key, body=body()).status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert envoy.pool_stat("openai", "fleet_fallback") == 3
+        said = lambda: [line for line in envoy.log().splitlines()  # noqa: E731
+                        if "without holding it" in line and "fleet-cap" in line]
+        wait_for(said, timeout_s=5.0)
+        time.sleep(0.5)
+        assert len(said()) == 1, envoy.log_tail()
+        assert "--max-reservation-fraction of at least 1/1" in said()[0], said()
 
 
 @fixture_only("Reserve / Commit")
