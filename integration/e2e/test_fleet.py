@@ -484,6 +484,53 @@ def test_a_killed_envoys_slots_come_back_within_the_lease(simulator, sim):
         assert fleet.envoys[0].pool_stat("openai", "held") >= 1
 
 
+@fixture_only("Reserve / Commit")
+def test_redis_lost_while_slots_are_held_decides_by_on_error_and_loses_no_slot(simulator, sim):
+    """Issue 31, faults: Redis goes while four streams hold every slot of a fleet cap of 4. Their
+    ends cannot be committed (counted as fleet errors); requests meanwhile are decided by
+    `on_error` (`local`: this Envoy's own cap of 4); Redis back (empty), the cap is the fleet's
+    again: exactly 4 in flight at the provider, nothing counted twice, nothing lost."""
+    key = new_key()
+    with Fleet(simulator, cap_config()) as f:
+        sim.scenario({"mode": "ok", "latency_ms": 1500, "max_concurrency": FLEET_CAP})
+        for _ in range(FLEET_CAP):
+            threading.Thread(target=_swallow, daemon=True,
+                             args=(lambda: post(f.envoys[0], key, body=body(), timeout=30.0),)).start()
+        wait_for(lambda: len(sim.requests_for(key)) == FLEET_CAP, timeout_s=10.0)
+        f.redis.stop()
+        # The four streams end (1.5 s) while Redis is gone: their commits fail.
+        wait_for(lambda: sim.requests()["in_flight"] == 0, timeout_s=5.0)
+        time.sleep(0.5)
+        errors = f.stat("fleet_errors")
+        assert errors >= FLEET_CAP, "the slots' commits did not fail while Redis was gone"
+        during = [post(f.envoys[0], key, body=body(), timeout=30.0).status_code for _ in range(2)]
+        assert during == [200, 200] and f.stat("fleet_fallback") >= 2
+        f.redis.start()
+        deadline = time.monotonic() + 15
+        ok_before = f.stat("fleet_calls_ok")
+        while f.stat("fleet_calls_ok") == ok_before and time.monotonic() < deadline:
+            post(f.envoys[1], key, body=body(), timeout=30.0)
+        assert f.stat("fleet_calls_ok") > ok_before, "fleet decisions did not resume"
+        sim.scenario({"mode": "ok", "latency_ms": 1000, "max_concurrency": FLEET_CAP})
+        seen_before, held_before = len(sim.requests_for(key)), f.stat("held")
+        statuses, lock = [], threading.Lock()
+
+        def caller(envoy):
+            r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
+            with lock:
+                statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=caller, args=(e,)) for e in f.envoys for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join(40) for t in threads]
+        after = [q["status"] for q in sim.requests_for(key)[seen_before:]]
+        # Six callers on a cap of 4 against a provider that refuses a fifth at once: two waited
+        # for a slot, none met the provider's 429 (no ghost slot of before, none counted twice).
+        assert statuses == [200] * 6, statuses
+        assert after == [200] * 6, after
+        assert f.stat("held") >= held_before + 2
+
+
 def test_redis_killed_and_restarted_mid_run_falls_back_then_recovers(simulator, sim):
     """Redis gone: the service answers UNAVAILABLE, the fallback (this Envoy's own bucket of the
     same rate) decides and is counted; Redis back: fleet decisions resume, no restart."""
