@@ -15,7 +15,7 @@ use crate::env::{Clock, Env};
 use crate::metrics::{Counter, Histogram};
 use crate::request::{FleetCharge, Flow};
 use crate::retry_after::Random;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// How soon a request the fleet had no slot for asks again, on average (a slot frees when a
 /// stream ends anywhere in the fleet, which only the service sees).
@@ -379,7 +379,7 @@ impl FleetAsk {
 /// Said once per worker: a server that answers a turn with no hold clamps it away.
 fn warn_unheld_turn() {
     static WARNED: AtomicBool = AtomicBool::new(false);
-    warn_once(&WARNED, || {
+    grpc::warn_once(&WARNED, || {
         "llm_governor: the rate-limit service granted a turn without holding it, so cooldowns \
          stay per Envoy: start limitador-server with --max-reservation-fraction 1 (a turn is \
          the whole of the llm_governor_turn limit, whose max_value is 1)"
@@ -390,7 +390,7 @@ fn warn_unheld_turn() {
 /// Said once per worker: a server that answers a slot with no hold clamps it away.
 fn warn_unheld_slot(limit: &str, cap: u64) {
     static WARNED: AtomicBool = AtomicBool::new(false);
-    warn_once(&WARNED, || {
+    grpc::warn_once(&WARNED, || {
         format!(
             "llm_governor: the rate-limit service granted a slot of the fleet max_in_flight \
              {limit:?} without holding it, so fleet.on_error decides each request: start \
@@ -398,12 +398,6 @@ fn warn_unheld_slot(limit: &str, cap: u64) {
              hold of 1 of {cap})"
         )
     });
-}
-
-fn warn_once(warned: &AtomicBool, message: impl FnOnce() -> String) {
-    if !warned.swap(true, Ordering::Relaxed) {
-        log::warn!("{}", message());
-    }
 }
 
 /// What the service granted a request that goes: its token budgets and its turn.

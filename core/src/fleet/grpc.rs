@@ -166,12 +166,18 @@ pub fn warn_if_no_reservations(code: u32) {
     if code != UNIMPLEMENTED {
         return;
     }
-    if !WARNED.swap(true, Ordering::Relaxed) {
-        log::warn!(
-            "llm_governor: the rate-limit service answered Reserve with UNIMPLEMENTED, so token \
-             budgets, fleet max_in_flight and fleet.cooldowns fall to fleet.on_error: run \
-             limitador-server with Reserve/Commit (its main branch since 2026-09; storage redis, \
-             or memory for a single server), or set fleet.reservations: false"
-        );
+    warn_once(&WARNED, || {
+        "llm_governor: the rate-limit service answered Reserve with UNIMPLEMENTED, so token \
+         budgets, fleet max_in_flight and fleet.cooldowns fall to fleet.on_error: run \
+         limitador-server with Reserve/Commit (its main branch since 2026-09; storage redis, or \
+         memory for a single server), or set fleet.reservations: false"
+            .to_string()
+    });
+}
+
+/// Logs `message` at warn level the first time `warned` is set (a worker's "said once").
+pub fn warn_once(warned: &AtomicBool, message: impl FnOnce() -> String) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!("{}", message());
     }
 }
