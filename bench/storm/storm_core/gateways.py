@@ -148,7 +148,7 @@ REPLICA_CAPS = {"r3-skew-cap-once": cap_config(6, "local"), "r3-skew-cap-split":
 for _key, _what in (("r3-skew-cap-once", "max_in_flight 6 on each (written once)"),
                     ("r3-skew-cap-split", "max_in_flight 2 on each (split three ways)"),
                     ("r3-skew-cap-fleet", "max_in_flight 6 for the fleet (scope fleet)")):
-    REPLICA_CONFIGS[_key] = (3, "skew", True)
+    REPLICA_CONFIGS[_key] = (3, "skew", "fleet" in REPLICA_CAPS[_key])
     CONFIG_NAMES[_key] = f"3 Envoys, clients 60/30/10, {_what}"
 
 # The fleet storm (issue 21): the provider's budget on one key, 30 requests per 20 s window and
@@ -659,12 +659,9 @@ class ReplicaGateway(Gateway):
         self.sim = sim
         self.n, split, self.fleet = REPLICA_CONFIGS[key]
         self.weights = REPLICA_SPLITS[split]
-        self.config = {"pools": POOLS}
-        if self.fleet:
+        self.config = REPLICA_CAPS.get(key) or {"pools": POOLS}
+        if self.fleet and key not in REPLICA_CAPS:
             self.config["fleet"] = {"cluster": "llm_governor_ratelimit", "timeout_ms": 100, "cooldowns": True}
-        if key in REPLICA_CAPS:
-            self.config = REPLICA_CAPS[key]
-            self.fleet = "fleet" in self.config
         self.redis = None
         self.services: list = []
         self.replicas: list = []
