@@ -118,6 +118,34 @@ def spread(fleet, tenant, key, n, max_tokens=16):
     return replies
 
 
+def held_calls(callers: list, key: str, calls_each: int = 1, timeout_s: int = 30) -> list:
+    """One thread per Envoy of `callers`, each making `calls_each` calls one after the other,
+    telling the gateway its deadline as the SDKs do: the statuses, in the order they ended."""
+    statuses, lock = [], threading.Lock()
+
+    def call(envoy):
+        for _ in range(calls_each):
+            r = post(envoy, key, body=body(), headers={"x-stainless-timeout": str(timeout_s)}, timeout=timeout_s)
+            with lock:
+                statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=call, args=(e,)) for e in callers]
+    [t.start() for t in threads]
+    [t.join(timeout_s * calls_each + 10) for t in threads]
+    return statuses
+
+
+def logged_once(envoy, *parts: str) -> str:
+    """The one line of Envoy's log that holds every one of `parts` (a worker's "said once"):
+    Envoy writes its log file in the background, so it is waited for, then any second one."""
+    said = lambda: [line for line in envoy.log().splitlines() if all(p in line for p in parts)]  # noqa: E731
+    wait_for(said, timeout_s=5.0)
+    time.sleep(0.5)
+    lines = said()
+    assert len(lines) == 1, envoy.log_tail()
+    return lines[0]
+
+
 def test_the_shipped_limits_file_is_the_contract_shape():
     text = limits_file(CONFIG)
     assert "descriptors[0]['limit'] == 'tenant-rpm'" in text
@@ -155,12 +183,8 @@ def test_a_service_without_reservations_is_an_error_the_fallback_decides_and_nam
         assert statuses == [200, 200, 200]
         assert envoy.pool_stat("openai", "fleet_errors") == 3 and envoy.pool_stat("openai", "fleet_fallback") == 3
         assert envoy.pool_stat("openai", "fleet_calls_ok") >= 3  # the request budget's ShouldRateLimit
-        # Envoy writes its log file in the background: wait for the line, then for any second one.
-        said = lambda: [line for line in envoy.log().splitlines() if "answered Reserve with UNIMPLEMENTED" in line]  # noqa: E731
-        wait_for(said, timeout_s=5.0)
-        time.sleep(0.5)
-        assert len(said()) == 1, envoy.log_tail()
-        assert "limitador-server" in said()[0] and "fleet.reservations: false" in said()[0], said()
+        said = logged_once(envoy, "answered Reserve with UNIMPLEMENTED")
+        assert "limitador-server" in said and "fleet.reservations: false" in said, said
 
 
 def test_a_request_budget_is_exact_across_three_envoys(fleet, sim):
@@ -308,16 +332,7 @@ def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
                       "limit": {"requests": 1000, "window_ms": 2000}})
         first = [post(e, key, body=body()) for e in fleet.envoys]
         assert [r.status_code for r in first] == [429, 429, 429]
-        replies, lock = [], threading.Lock()
-
-        def call(envoy):
-            r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
-            with lock:
-                replies.append(r.status_code)
-
-        threads = [threading.Thread(target=call, args=(e,)) for e in fleet.envoys for _ in range(4)]
-        [t.start() for t in threads]
-        [t.join(40) for t in threads]
+        replies = held_calls([e for e in fleet.envoys for _ in range(4)], key)
         seen = [(round(q["t_ms"]), q["status"]) for q in sim.requests_for(key)]
         probes = [s for _, s in seen[3:] if s == 429]
         # The held calls: 12, all answered; the provider's rounds of the outage after the first
@@ -412,18 +427,9 @@ def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(si
     key = new_key()
     with Fleet(simulator, config) as fleet:
         sim.scenario({"mode": "ok", "latency_ms": 300, "max_concurrency": FLEET_CAP})
-        statuses, lock = [], threading.Lock()
-
-        def caller(envoy):
-            for _ in range(2):
-                r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "60"}, timeout=60.0)
-                with lock:
-                    statuses.append(r.status_code)
-
         split = [11, 5, 2]
-        threads = [threading.Thread(target=caller, args=(e,)) for e, n in zip(fleet.envoys, split) for _ in range(n)]
-        [t.start() for t in threads]
-        [t.join(90) for t in threads]
+        statuses = held_calls([e for e, n in zip(fleet.envoys, split) for _ in range(n)], key, calls_each=2,
+                              timeout_s=60)
         report = sim.requests()
         upstream = [q["status"] for q in sim.requests_for(key)]
         assert statuses == [200] * 36, statuses
@@ -449,12 +455,8 @@ def test_a_slot_the_service_clamps_away_is_decided_by_on_error_and_named(simulat
         statuses = [post(envoy, key, body=body()).status_code for _ in range(3)]
         assert statuses == [200, 200, 200]
         assert envoy.pool_stat("openai", "fleet_fallback") == 3
-        said = lambda: [line for line in envoy.log().splitlines()  # noqa: E731
-                        if "without holding it" in line and "fleet-cap" in line]
-        wait_for(said, timeout_s=5.0)
-        time.sleep(0.5)
-        assert len(said()) == 1, envoy.log_tail()
-        assert "--max-reservation-fraction of at least 1/1" in said()[0], said()
+        said = logged_once(envoy, "without holding it", "fleet-cap")
+        assert "--max-reservation-fraction of at least 1/1" in said, said
 
 
 @fixture_only("Reserve / Commit")
@@ -513,16 +515,7 @@ def test_redis_lost_while_slots_are_held_decides_by_on_error_and_loses_no_slot(s
         assert f.stat("fleet_calls_ok") > ok_before, "fleet decisions did not resume"
         sim.scenario({"mode": "ok", "latency_ms": 1000, "max_concurrency": FLEET_CAP})
         seen_before, held_before = len(sim.requests_for(key)), f.stat("held")
-        statuses, lock = [], threading.Lock()
-
-        def caller(envoy):
-            r = post(envoy, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
-            with lock:
-                statuses.append(r.status_code)
-
-        threads = [threading.Thread(target=caller, args=(e,)) for e in f.envoys for _ in range(2)]
-        [t.start() for t in threads]
-        [t.join(40) for t in threads]
+        statuses = held_calls([e for e in f.envoys for _ in range(2)], key)
         after = [q["status"] for q in sim.requests_for(key)[seen_before:]]
         # Six callers on a cap of 4 against a provider that refuses a fifth at once: two waited
         # for a slot, none met the provider's 429 (no ghost slot of before, none counted twice).
