@@ -237,5 +237,12 @@ class Server:
         except OSError:
             return ""
 
+    def log_lines(self, *parts: str, wait_s: float = 5.0) -> list:
+        """The log's lines that hold every one of `parts`. A process writes its log in the
+        background (Envoy flushes every 50 ms here), so a line just said is waited for up to
+        `wait_s`; an empty list means it was not said in that time."""
+        lines = lambda: [line for line in self.log().splitlines() if all(p in line for p in parts)]  # noqa: E731
+        return wait_for(lines, timeout_s=wait_s)
+
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log().splitlines()[-lines:])

@@ -138,10 +138,9 @@ def held_calls(callers: list, key: str, calls_each: int = 1, timeout_s: int = 30
 def logged_once(envoy, *parts: str) -> str:
     """The one line of Envoy's log that holds every one of `parts` (a worker's "said once"):
     Envoy writes its log file in the background, so it is waited for, then any second one."""
-    said = lambda: [line for line in envoy.log().splitlines() if all(p in line for p in parts)]  # noqa: E731
-    wait_for(said, timeout_s=5.0)
+    envoy.log_lines(*parts)
     time.sleep(0.5)
-    lines = said()
+    lines = envoy.log_lines(*parts, wait_s=0)
     assert len(lines) == 1, envoy.log_tail()
     return lines[0]
 
