@@ -1,13 +1,26 @@
 //! The store-backed side of `cooldown` for one (pool, account): read the record, pass its gate,
 //! merge an answer into it.
 
+use crate::classify::Class;
 use crate::config::Config;
-use crate::cooldown::{self, Answer, CooldownRecord, Gate, Ticket, Wanted};
+use crate::cooldown::{self, Answer, CooldownRecord, Gate, Pace, Ticket, Wanted};
 use crate::env::Env;
 use crate::keys;
 use crate::keyspace;
 use crate::request::{Flow, Release};
 use crate::store::SharedStore;
+
+/// What this Envoy knows of a (pool, account) itself (`fleet::watch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Here {
+    /// The provider said "not now" here: this Envoy marks it.
+    Cools,
+    /// Paced here (after a cooldown, or while another Envoy cools it): requests ask for the
+    /// turn, nothing to check.
+    Paces,
+    /// Nothing cools or paces it here: check whether another Envoy cools it.
+    Quiet,
+}
 
 /// The cooldowns of a configuration's (pool, account)s, kept in the shared store.
 #[derive(Clone, Copy)]
@@ -46,6 +59,48 @@ impl<'a> Cooldowns<'a> {
             Gate::Paced { retry_in_ms } => Some(now + retry_in_ms),
             Gate::Open | Gate::Released => None,
         }
+    }
+
+    /// What this Envoy knows of `pool`'s `account` itself (`fleet::watch`).
+    pub fn here(&self, pool: usize, account: u64, store: &dyn SharedStore, now: u64) -> Here {
+        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
+        let rec = store.get(&key).ok().flatten();
+        match rec.and_then(|(b, _)| CooldownRecord::decode(&b)) {
+            Some(r) => match cooldown::pass(r, now, true).0 {
+                Gate::Cooling { .. } => Here::Cools,
+                Gate::Paced { .. } | Gate::Released => Here::Paces,
+                Gate::Open => Here::Quiet,
+            },
+            None => Here::Quiet,
+        }
+    }
+
+    /// Another Envoy cools `pool`'s `account` (its marker, `fleet::watch`): unless it cools or
+    /// paces here already, pace it here from now, as after a cooldown of no time: one request
+    /// at a time asks for its turn (which the Envoy that cools it holds), and the answers of
+    /// the one that gets it open the rest.
+    pub fn held_elsewhere(&self, pool: usize, account: u64, env: &mut Env) {
+        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
+        let (max_keys, count) = (self.cfg.max_keys, keys::COOLDOWN_KEY_COUNT);
+        if !keyspace::key_exists_or_admit(max_keys, &key, count, pool, env) {
+            return;
+        }
+        let now = env.now();
+        keyspace::modify(env, pool, &key, None, None, |old| {
+            let quiet = old.map_or(true, |r| cooldown::pass(r, now, true).0 == Gate::Open);
+            let paced = |r: CooldownRecord| CooldownRecord {
+                pace: Pace {
+                    active: true,
+                    credits: 0,
+                    out: 0,
+                    last_release_ms: now,
+                    ..r.pace
+                },
+                ..r
+            };
+            let rec = old.unwrap_or(CooldownRecord::idle(Class::RateLimited));
+            (quiet.then(|| paced(rec)), ())
+        });
     }
 
     /// The longest provider time of the episode `pool`'s `account` is in (0: none recorded).

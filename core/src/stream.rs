@@ -423,3 +423,32 @@ pub enum Stage {
     /// Not tracked: answered locally, ended, or never governed.
     Done,
 }
+
+/// Where a request stands when admission decides it: its body ended, how much of it Envoy
+/// holds for the filter now, and whether the request is paused outside its own callback (a
+/// tick, an answer of the service: it must be resumed to go).
+#[derive(Clone, Copy)]
+pub struct At {
+    pub body_ended: bool,
+    pub buffered: usize,
+    pub from_tick: bool,
+}
+
+impl At {
+    /// In its arrival callback.
+    pub fn arrived(body_ended: bool) -> At {
+        At {
+            body_ended,
+            buffered: 0,
+            from_tick: false,
+        }
+    }
+
+    /// Outside its own callbacks.
+    pub fn paused(body_ended: bool) -> At {
+        At {
+            from_tick: true,
+            ..At::arrived(body_ended)
+        }
+    }
+}

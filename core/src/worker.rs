@@ -5,6 +5,7 @@
 //! The Worker sequences; it decides nothing a job's own type decides (`hold`, `fleet::ask`,
 //! `fleet::handoff`, `response`, `reply`); a stream's state lives in `stream` until its end.
 
+use crate::blocked::Blocked;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
@@ -12,7 +13,7 @@ use crate::fleet::ask::{Admitted, FleetAsk, Progress, Verdict};
 use crate::fleet::calls::{Calls, Done};
 use crate::fleet::grpc::{ServiceReply, NOT_SENT};
 use crate::fleet::handoff;
-use crate::fleet::turn::{self, Turns};
+use crate::fleet::turn::{self, TurnKey, Turns};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -23,7 +24,7 @@ use crate::request::{Flow, RequestView, STEERING_HEADER};
 use crate::response::ResponseStep;
 use crate::retry_after::{Random, Xorshift};
 use crate::store::SharedStore;
-use crate::stream::{self, BodyCapability, BodyRead, Stream, Streams};
+use crate::stream::{self, At, BodyCapability, BodyRead, Stream, Streams};
 pub use crate::stream::{
     Stage, BODY_WAIT_MS, HEADERS_ONLY_FOR_MS, MAX_ERROR_BODY, REQUEST_BODY_WAIT_MS,
 };
@@ -68,35 +69,6 @@ macro_rules! borrow_env {
             clock: $clock,
         };
     };
-}
-
-/// Where a request stands when admission decides it: its body ended, how much of it Envoy
-/// holds for the filter now, and whether the request is paused outside its own callback (a
-/// tick, an answer of the service: it must be resumed to go).
-#[derive(Clone, Copy)]
-struct At {
-    body_ended: bool,
-    buffered: usize,
-    from_tick: bool,
-}
-
-impl At {
-    /// In its arrival callback.
-    fn arrived(body_ended: bool) -> At {
-        At {
-            body_ended,
-            buffered: 0,
-            from_tick: false,
-        }
-    }
-
-    /// Outside its own callbacks.
-    fn paused(body_ended: bool) -> At {
-        At {
-            from_tick: true,
-            ..At::arrived(body_ended)
-        }
-    }
 }
 
 impl Worker {
@@ -167,10 +139,7 @@ impl Worker {
 
     /// Nothing waits, nothing is held, no call is owed and no turn is kept: no tick is needed.
     pub fn is_idle(&self) -> bool {
-        !self.streams.waits()
-            && self.holds.is_empty()
-            && !self.calls.owes()
-            && self.turns.is_empty()
+        !self.streams.waits() && self.holds.is_empty() && !self.calls.owes() && self.turns.is_idle()
     }
 
     /// The worker's calls to the fleet's service: the owed ones for the host to send from
@@ -191,8 +160,9 @@ impl Worker {
         match self.calls.done(stream, token, reply, lent.metrics)? {
             Done::Stream { id, seq } => Some((id, self.fleet_step(id, Some((seq, reply)), lent))),
             done => {
+                borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
                 let (turns, calls) = (&mut self.turns, &mut self.calls);
-                handoff::answered(done, reply, turns, calls, &self.gov, (lent.clock)());
+                handoff::answered(done, reply, turns, calls, g, &mut env);
                 None
             }
         }
@@ -301,6 +271,7 @@ impl Worker {
         let Some(Stream::Upstream { flow, usage }) = self.streams.get_mut(id) else {
             return Reaction::go_on();
         };
+        let key = TurnKey::of(flow);
         let status = headers.status();
         let io = &mut *lent.io;
         let mut from_upstream = || io.answered_by_upstream(id);
@@ -334,8 +305,15 @@ impl Worker {
         };
         if let Some(g) = governed {
             set_headers(&mut effects, g.headers);
+            self.learned(key, lent);
         }
         Reaction::new(effects, Action::Continue)
+    }
+
+    /// The provider's answer for `key` was governed: what this worker learned, the fleet does.
+    fn learned(&mut self, key: TurnKey, lent: &mut Lent) {
+        let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
+        handoff::learned(turns, calls, &self.gov, key, lent.store, now);
     }
 
     /// A part of the response body arrived; `body_size` is what Envoy buffers for the filter.
@@ -515,7 +493,7 @@ impl Worker {
     ) -> Reaction {
         match outcome {
             Outcome::Go(mut flow) => {
-                let (gov, calls, turns) = (&self.gov, &mut self.calls, &self.turns);
+                let (gov, calls, turns) = (&self.gov, &mut self.calls, &mut self.turns);
                 let (pool, account, store) = (flow.pool, flow.account, store);
                 let turn_ms = || turn::turn_ms(gov.cooldowns().spread_ms(pool, account, store));
                 let asked = gov.fleet().and_then(|fleet| {
@@ -618,6 +596,10 @@ impl Worker {
                 }
                 Err(refusal) => refusal,
             };
+            if let Blocked::Turn { .. } = refusal.blocked {
+                g.cooldowns()
+                    .held_elsewhere(flow.pool, flow.account, &mut env);
+            }
             g.admission().undo(&mut flow, &mut env);
             if let Some(fleet) = gov.fleet() {
                 self.calls
@@ -682,10 +664,12 @@ impl Worker {
             g.responses()
                 .on_error_body(&mut flow, status, &headers, &body, &mut env)
         };
+        let key = TurnKey::of(&flow);
         self.streams.set(id, Stream::Upstream { flow, usage: None });
         let mut effects = Vec::new();
         if let Some(g) = governed {
             set_headers(&mut effects, g.headers);
+            self.learned(key, lent);
         }
         Reaction::new(effects, Action::Continue)
     }

@@ -12,7 +12,7 @@ use llm_governor_core::effects::TICK_MS;
 use llm_governor_core::fleet::ask::{Admitted, FleetAsk, Progress, Refusal, Verdict};
 use llm_governor_core::fleet::grpc::{Method, ServiceReply, NOT_SENT};
 use llm_governor_core::fleet::limits::{Grant, Of};
-use llm_governor_core::fleet::turn::TURN_MS;
+use llm_governor_core::fleet::turn::{TurnAsk, TURN_MS};
 use llm_governor_core::headers::owned;
 use llm_governor_core::metrics::Counter;
 use llm_governor_core::policy::Clock;
@@ -59,12 +59,16 @@ enum Says {
 /// Ask for a request of tenant `acme` under `cfg`, the service answering each call in order as
 /// `says` does; the methods of each stage's calls and the verdict.
 fn run(cfg: &str, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
-    run_asking(cfg, false, says)
+    run_asking(cfg, None, says)
 }
 
-/// `run`, the request also asking its (pool, account)'s turn (`turn`: the pace of a cooldown
-/// released it).
-fn run_asking(cfg: &str, turn: bool, says: &[Says]) -> (Vec<Vec<Method>>, Verdict, Host) {
+/// `run`, the request also asking about its (pool, account)'s turn (`Take`: the pace of a
+/// cooldown released it; `Peek`: the worker has not looked whether the fleet cools it).
+fn run_asking(
+    cfg: &str,
+    turn: Option<TurnAsk>,
+    says: &[Says],
+) -> (Vec<Vec<Method>>, Verdict, Host) {
     let mut host = Host::new(cfg);
     let hs = owned(&[("x-tenant-id", "acme")]);
     let gov = host.worker.governor();
@@ -73,8 +77,7 @@ fn run_asking(cfg: &str, turn: bool, says: &[Says]) -> (Vec<Vec<Method>>, Verdic
     gov.pools()
         .on_request_body(&mut flow, BODY.as_bytes(), BODY.len());
     let cfg = gov.cfg.clone();
-    let (mut ask, first) =
-        FleetAsk::start(&fleet, &cfg, &flow, turn.then_some(TURN_MS), 100, T0).expect("asks");
+    let (mut ask, first) = FleetAsk::start(&fleet, &cfg, &flow, turn, 100, T0).expect("asks");
     let mut stages = vec![first.iter().map(|c| c.method).collect::<Vec<_>>()];
     let mut pending: Vec<_> = first;
     let mut says = says.iter();
@@ -288,13 +291,13 @@ fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_
          cooled("deny"), vec![Says::Reserved(""), Says::Ok], vec![vec![Reserve], vec![Srl]], admit(vec![])),
     ];
     for (name, cfg, says, want_stages, want) in rows {
-        let (stages, verdict, _) = run_asking(&cfg, true, &says);
+        let (stages, verdict, _) = run_asking(&cfg, Some(TAKE), &says);
         assert_eq!(stages, want_stages, "{name}: the calls of each stage");
         assert_eq!(shape(verdict), want, "{name}");
     }
     // Shared cooldowns alone (no fleet limit): only the turn is asked.
     let alone = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "cooldowns": true}}"#;
-    let (stages, verdict, _) = run_asking(alone, true, &[Says::Reserved("t-2")]);
+    let (stages, verdict, _) = run_asking(alone, Some(TAKE), &[Says::Reserved("t-2")]);
     assert_eq!(stages, vec![vec![Reserve]]);
     assert_eq!(
         verdict,
@@ -308,6 +311,36 @@ fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_
             })
         })
     );
+}
+
+const TAKE: TurnAsk = TurnAsk::Take { ttl_ms: TURN_MS };
+
+#[test]
+fn a_peek_at_the_fleets_cooling_marker_holds_the_request_when_another_envoy_cools_it() {
+    use Method::CheckRateLimit as Check;
+    let cooled = |on_error: &str| {
+        rpm_only(on_error).replace(
+            "\"timeout_ms\": 50,",
+            "\"timeout_ms\": 50, \"cooldowns\": true,",
+        )
+    };
+    #[rustfmt::skip]
+    let rows: Vec<Row> = vec![
+        ("nothing cools it: it goes, with no turn",
+         cooled("local"), vec![Says::Ok, Says::Ok], vec![vec![Check], vec![Srl]], admit(vec![])),
+        ("another Envoy cools it: it waits for the turn, its limits never asked (nothing counted)",
+         cooled("local"), vec![Says::Over(None)], vec![vec![Check]],
+         refused(Blocked::Turn { retry_in_ms: 0 }, false, vec![])),
+        ("the check fails: this Envoy's own cooldown decides, as without a fleet",
+         cooled("deny"), vec![Says::Fails(14), Says::Ok], vec![vec![Check], vec![Srl]], admit(vec![])),
+        ("an answer that cannot be read: as above",
+         cooled("deny"), vec![Says::Garbage, Says::Ok], vec![vec![Check], vec![Srl]], admit(vec![])),
+    ];
+    for (name, cfg, says, want_stages, want) in rows {
+        let (stages, verdict, _) = run_asking(&cfg, Some(TurnAsk::Peek), &says);
+        assert_eq!(stages, want_stages, "{name}: the calls of each stage");
+        assert_eq!(shape(verdict), want, "{name}");
+    }
 }
 
 #[test]

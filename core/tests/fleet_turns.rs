@@ -17,12 +17,24 @@ use llm_governor_core::worker::Stage;
 
 const CFG: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "cooldowns": true}, "hold": {"max_ms": 10000}}"#;
 
-/// The service's limit `llm_governor_turn`: one hold at a time, until its ttl.
+/// The service's limit `llm_governor_turn`: one hold at a time, until its ttl; and its limit
+/// `llm_governor_cooling` (`max_value: 1`, `seconds: 1`), a fixed window from its first hit.
 #[derive(Default)]
 struct TurnService {
     holder: Option<(String, u64)>,
     issued: u32,
     down: bool,
+    /// The marker's window ends here (its count is 1 until then).
+    marked_until: u64,
+    /// The checks of the marker, and the hits on it.
+    peeks: u32,
+    marks: u32,
+}
+
+fn is_marker(call: &ServiceCall) -> bool {
+    call.message
+        .windows(b"llm_governor_cooling".len())
+        .any(|w| w == b"llm_governor_cooling")
 }
 
 impl TurnService {
@@ -47,7 +59,21 @@ impl TurnService {
                 }
                 vec![0x08, 1]
             }
+            Method::ShouldRateLimit if is_marker(call) => {
+                self.marks += 1;
+                if self.marked_until > now {
+                    rls_answer(2, None)
+                } else {
+                    self.marked_until = now + 1_000;
+                    rls_answer(1, None)
+                }
+            }
             Method::ShouldRateLimit => rls_answer(1, None),
+            Method::CheckRateLimit => {
+                assert!(is_marker(call), "only the marker is checked");
+                self.peeks += 1;
+                rls_answer(if self.marked_until > now { 2 } else { 1 }, None)
+            }
         })
     }
 }
@@ -145,14 +171,26 @@ fn tick(h: &mut Host, svc: &mut TurnService) -> Vec<u32> {
     went
 }
 
-/// Three Envoys that each met the provider's 429 (`retry-after: 1`) and hold a request of the
-/// account (stream 2) through it.
-fn cooled_fleet() -> Vec<Host> {
+/// Stream `id` of the account arrives at host `h`, its calls answered: whether it went.
+fn request(h: &mut Host, svc: &mut TurnService, id: u32) -> bool {
+    let r = h.request_headers(id, &[A], true);
+    pump(h, svc, id, r)
+        .iter()
+        .any(|r| r.action == Action::Continue || r.effects.contains(&Effect::ResumeRequest))
+}
+
+/// Three Envoys whose first requests all went before any answer came (each checked the fleet's
+/// marker on its way: nothing cooled), each met the provider's 429 (`retry-after: 1`), and
+/// each holds a request of the account (stream 2) through it.
+fn cooled_fleet(svc: &mut TurnService) -> Vec<Host> {
     let mut fleet: Vec<Host> = (0..3).map(|_| Host::new(CFG)).collect();
     for h in &mut fleet {
-        let first = h.forward(PATH, &[A]);
-        h.respond(&first, 429, &[("retry-after", "1")], RL);
-        h.end(&first);
+        assert!(request(h, svc, 1), "nothing cools yet");
+    }
+    for h in &mut fleet {
+        h.respond(1, 429, &[("retry-after", "1")], RL);
+        h.end(1);
+        pump_owed(h, svc);
         assert!(matches!(h.arrive(2, PATH, &[A]), Step::Held));
     }
     fleet
@@ -172,7 +210,7 @@ fn round(fleet: &mut [Host], ms: u64, svc: &mut TurnService) -> Vec<Vec<u32>> {
 #[test]
 fn a_provider_round_costs_the_fleet_one_probe_and_the_turn_passes_when_it_has_room() {
     let mut svc = TurnService::default();
-    let mut fleet = cooled_fleet();
+    let mut fleet = cooled_fleet(&mut svc);
     // The cooldown ends on every Envoy: each asks for the turn; only the first gets it.
     let went = round(&mut fleet, 1_000 + 1, &mut svc);
     assert_eq!(
@@ -229,23 +267,39 @@ fn with_the_service_down_each_envoy_keeps_its_own_cooldown_and_says_so() {
         down: true,
         ..TurnService::default()
     };
-    let mut fleet = cooled_fleet();
+    let mut fleet = cooled_fleet(&mut svc);
     let went = round(&mut fleet, 1_000 + 1, &mut svc);
     assert_eq!(
         went,
         vec![vec![2], vec![2], vec![2]],
         "one probe per Envoy, as without a fleet"
     );
+    // Each Envoy counts what failed: the check of the first request, then the mark and the
+    // turn taken at its 429, then its probe's turn; two fell back to its own cooldown.
     for h in &fleet {
-        assert_eq!(h.metrics.count_of(0, Counter::FleetFallback), 1);
-        assert_eq!(h.metrics.count_of(0, Counter::FleetErrors), 1);
+        assert_eq!(h.metrics.count_of(0, Counter::FleetFallback), 2);
+        assert_eq!(h.metrics.count_of(0, Counter::FleetErrors), 4);
     }
 }
 
 #[test]
-fn nothing_is_asked_while_nothing_is_cooling() {
+fn nothing_is_asked_on_a_requests_way_while_nothing_is_cooling() {
+    let mut svc = TurnService::default();
     let mut h = Host::new(CFG);
-    for id in 10..20 {
+    // The first request of the account checks the fleet's marker on its way (nothing looked
+    // at it yet); the ones after it ask nothing.
+    let r = h.request_headers(10, &[A], true);
+    let calls: Vec<_> = r
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CallService(c) => Some(c.method),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls, vec![Method::CheckRateLimit]);
+    assert!(request(&mut h, &mut svc, 11));
+    for id in 12..20 {
         let r = h.request_headers(id, &[A], true);
         assert_eq!(r.action, Action::Continue, "{r:?}");
         assert!(!r
@@ -253,4 +307,73 @@ fn nothing_is_asked_while_nothing_is_cooling() {
             .iter()
             .any(|e| matches!(e, Effect::CallService(_))));
     }
+    // From then on the worker's timer checks it every PEEK_MS, and requests still ask nothing.
+    for id in 20..40 {
+        h.advance(50);
+        tick(&mut h, &mut svc);
+        let r = h.request_headers(id, &[A], true);
+        assert_eq!(r.action, Action::Continue, "{r:?}");
+        assert!(!r
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallService(_))));
+    }
+    assert_eq!(svc.peeks, 10, "one check per PEEK_MS over 1 s");
+    assert_eq!(svc.marks, 0);
+}
+
+#[test]
+fn an_envoy_learns_another_envoys_cooldown_before_its_own_first_429() {
+    let mut svc = TurnService::default();
+    let (mut a, mut warm, mut cold) = (Host::new(CFG), Host::new(CFG), Host::new(CFG));
+    // `warm` sent to the account a moment ago (and got its answer); `cold` never did.
+    assert!(request(&mut warm, &mut svc, 1));
+    warm.respond(1, 200, &[], "{}");
+    warm.end(1);
+    // `a` meets the provider's 429: it marks the account for the fleet and takes its turn.
+    assert!(request(&mut a, &mut svc, 1));
+    a.respond(1, 429, &[("retry-after", "1")], RL);
+    a.end(1);
+    pump_owed(&mut a, &mut svc);
+    assert_eq!(svc.marks, 1);
+    assert!(svc.holder.is_some(), "the turn is taken at the 429");
+    // Within PEEK_MS the warm Envoy's timer finds the marker: its next request is held, and
+    // asks for the turn (which `a` holds), instead of meeting a 429 of its own.
+    for h in [&mut a, &mut warm, &mut cold] {
+        h.advance(100);
+    }
+    let peeks = svc.peeks;
+    tick(&mut warm, &mut svc);
+    assert_eq!(svc.peeks, peeks + 1, "one check from the timer");
+    assert!(!request(&mut warm, &mut svc, 2));
+    assert_eq!(warm.worker.stage(2), Stage::Held);
+    // The cold Envoy's first request checks the marker on its way: held too.
+    assert!(!request(&mut cold, &mut svc, 2));
+    assert_eq!(cold.worker.stage(2), Stage::Held);
+    // Through the cooldown `a` keeps the account marked, and nobody else sends.
+    assert!(matches!(a.arrive(2, PATH, &[A]), Step::Held));
+    let mut fleet = [a, warm, cold];
+    for _ in 0..4 {
+        let went = round(&mut fleet, 200, &mut svc);
+        assert_eq!(went, vec![Vec::<u32>::new(), vec![], vec![]]);
+    }
+    assert!(svc.marks >= 3, "marked every MARK_MS: {}", svc.marks);
+    // The cooldown ends: the one probe of the fleet is the holder's.
+    let went = round(&mut fleet, 101, &mut svc);
+    assert_eq!(
+        went,
+        vec![vec![2], vec![], vec![]],
+        "one probe for the fleet"
+    );
+    // It succeeds with room: the holder hands the turn off, and one Envoy at a time goes.
+    let room = [
+        ("x-ratelimit-remaining-requests", "9"),
+        ("x-ratelimit-limit-requests", "10"),
+    ];
+    fleet[0].respond(2, 200, &room, "{}");
+    fleet[0].end(2);
+    tick(&mut fleet[0], &mut svc);
+    assert!(svc.holder.is_none(), "the turn was given back");
+    let went = round(&mut fleet[1..], 60, &mut svc);
+    assert_eq!(went.concat(), vec![2], "one Envoy at a time: {went:?}");
 }

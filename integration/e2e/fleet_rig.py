@@ -257,4 +257,11 @@ def turn_limit(domain: str) -> str:
         "  seconds: 3600\n"
         "  conditions: [\"descriptors[0]['limit'] == 'llm_governor_turn'\"]\n"
         "  variables: [\"descriptors[0]['key']\"]\n"
+        # An Envoy that cools a (pool, account) hits this every 250 ms; the others check it.
+        f"- namespace: {domain}\n"
+        "  name: llm_governor_cooling\n"
+        "  max_value: 1\n"
+        "  seconds: 1\n"
+        "  conditions: [\"descriptors[0]['limit'] == 'llm_governor_cooling'\"]\n"
+        "  variables: [\"descriptors[0]['key']\"]\n"
     )

@@ -7,7 +7,7 @@ use super::calls::Calls;
 use super::grpc::{self, ServiceCall, ServiceReply};
 use super::limits::{Ask, FleetLimits, Grant, Of};
 use super::rls::{self, Code};
-use super::turn::{TurnKey, Turns, TURN_REASK_MS};
+use super::turn::{TurnAsk, TurnKey, Turns, TURN_REASK_MS};
 use crate::blocked::Blocked;
 use crate::config::{Config, LimitKind, OnError};
 use crate::effects::TICK_MS;
@@ -128,29 +128,29 @@ impl Admitted {
 }
 
 impl FleetAsk {
-    /// What a request admitted here asks the fleet's service, if anything: its turn when the
-    /// pace of a cooldown released it and this worker does not hold it (`turn`), and its fleet
-    /// limits. Its calls are numbered in `calls`; its hold deadline is fixed (the stream may be
-    /// leaving its arrival callback). A turn is taken for `turn_ms()`.
+    /// What a request admitted here asks the fleet's service, if anything: about its turn
+    /// (`turn_ask`), and its fleet limits. Its calls are numbered in `calls`; its hold deadline
+    /// is fixed (the stream may be leaving its arrival callback). A turn is taken for
+    /// `turn_ms()`.
     pub fn begin(
         fleet: &FleetLimits,
         cfg: &Config,
         calls: &mut Calls,
-        turns: &Turns,
+        turns: &mut Turns,
         flow: &mut Flow,
         clock: &Clock,
         turn_ms: impl FnOnce() -> u64,
     ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
-        let turn = fleet.cooldowns
-            && flow.released.is_some()
-            && !turns.holds(TurnKey::of(flow), clock.now());
-        if fleet.limits().is_empty() && !turn {
+        let turn = fleet
+            .cooldowns
+            .then(|| turn_ask(turns, flow, clock.now(), turn_ms))
+            .flatten();
+        if fleet.limits().is_empty() && turn.is_none() {
             return None;
         }
         flow.hold.fix(|| clock.now());
-        let first_seq = calls.reserve(FleetAsk::calls_of(fleet, turn));
-        let turn_ms = turn.then(turn_ms);
-        FleetAsk::start(fleet, cfg, flow, turn_ms, first_seq, clock.now())
+        let first_seq = calls.reserve(FleetAsk::calls_of(fleet, turn.is_some()));
+        FleetAsk::start(fleet, cfg, flow, turn, first_seq, clock.now())
     }
 
     /// Ask the service for every fleet limit of `flow`: the asks numbered from `first_seq`
@@ -159,11 +159,11 @@ impl FleetAsk {
         fleet: &FleetLimits,
         cfg: &Config,
         flow: &Flow,
-        turn_ms: Option<u64>,
+        turn: Option<TurnAsk>,
         first_seq: u32,
         now: u64,
     ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
-        let asks = fleet.asks(cfg, flow, turn_ms);
+        let asks = fleet.asks(cfg, flow, turn);
         if asks.is_empty() {
             return None;
         }
@@ -304,14 +304,17 @@ impl FleetAsk {
                 release: grants(answered),
             })
         };
-        let turn = answered.iter().find(|(a, _)| a.of == Of::Turn);
-        if let Some((_, turn)) = turn {
+        let turn = answered
+            .iter()
+            .find(|(a, _)| matches!(a.of, Of::Turn | Of::Peek));
+        if let Some((ask, turn)) = turn {
             match turn {
+                // Another worker's turn, or (a peek) another Envoy cools it: the request waits.
                 Said::Over { .. } => {
                     let retry_in_ms = refusal_wait_ms(None, TURN_REASK_MS, env.rng);
                     return refusal(Blocked::Turn { retry_in_ms }, false, answered);
                 }
-                Said::Ok { reservation: None } => {
+                Said::Ok { reservation: None } if ask.of == Of::Turn => {
                     env.metrics.count(self.pool, Counter::FleetFallback);
                     warn_unheld_turn();
                 }
@@ -374,6 +377,27 @@ impl FleetAsk {
         }
         Verdict::Admit(admitted(cfg, answered))
     }
+}
+
+/// What a request asks of its (pool, account)'s turn at `now`: nothing while this worker
+/// holds it; to take it (for `turn_ms()`) when the pace of a cooldown released the request;
+/// else, when this worker has not looked lately whether the fleet cools it (the first request
+/// after a quiet minute: `watch`), a peek; else nothing.
+fn turn_ask(
+    turns: &mut Turns,
+    flow: &Flow,
+    now: u64,
+    turn_ms: impl FnOnce() -> u64,
+) -> Option<TurnAsk> {
+    let key = TurnKey::of(flow);
+    let unseen = turns.watch.sent(key, now);
+    if turns.holds(key, now) {
+        return None;
+    }
+    if flow.released.is_some() {
+        return Some(TurnAsk::Take { ttl_ms: turn_ms() });
+    }
+    unseen.then_some(TurnAsk::Peek)
 }
 
 /// Said once per worker: a server that answers a turn with no hold clamps it away.
@@ -475,6 +499,8 @@ fn read(ask: &Ask, reply: ServiceReply) -> Said {
         ServiceReply::Failed(code) => {
             if ask.reserve {
                 grpc::warn_if_no_reservations(code);
+            } else if ask.of == Of::Peek {
+                grpc::warn_if_no_check(code);
             }
             return Said::Failed;
         }
@@ -493,14 +519,19 @@ fn read(ask: &Ask, reply: ServiceReply) -> Said {
     }
 }
 
-/// How many of a request's `asks` (token budgets first) go out first. Reservations go first
-/// when other asks follow: a refusal gives a reservation back at no cost (a Commit of 0), where
+/// How many of a request's `asks` (a turn or a peek, then token budgets) go out first.
+/// Reservations and a peek go first when other asks follow: a peek counts nothing, a refusal
+/// gives a reservation back at no cost (a Commit of 0), where
 /// a hit `ShouldRateLimit` counted (or a token charge) is never given back. So the rest are
 /// asked only once no reservation was refused: a request the token budget turns away, and
 /// every ask again of a held one, costs the request budget nothing. All at once when nothing
 /// reserves, or everything does.
 fn first_stage(asks: &[Ask]) -> usize {
-    match asks.iter().take_while(|a| a.reserve).count() {
+    match asks
+        .iter()
+        .take_while(|a| a.reserve || a.of == Of::Peek)
+        .count()
+    {
         0 => asks.len(),
         n => n,
     }

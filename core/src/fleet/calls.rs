@@ -31,6 +31,10 @@ pub enum Owner {
     /// A turn given back to be taken again until `until_ms` once the service has it back (a
     /// hold of the whole limit cannot be taken twice).
     Renew { key: TurnKey, until_ms: u64 },
+    /// A turn taken until `until_ms` by a worker that learned a cooldown (`watch`).
+    Take { key: TurnKey, until_ms: u64 },
+    /// A check whether another Envoy cools a (pool, account) (`watch`).
+    Peek(TurnKey),
 }
 
 /// What an answer the call table was waiting for is for.
@@ -42,13 +46,21 @@ pub enum Done {
     Turn(TurnKey),
     /// A turn given back, to take again until `until_ms`.
     Renew { key: TurnKey, until_ms: u64 },
+    /// A turn taken by a worker that learned a cooldown.
+    Take { key: TurnKey, until_ms: u64 },
+    /// A check of another Envoy's cooldown marker.
+    Peek(TurnKey),
 }
 
 impl Owner {
     fn stream(self) -> Option<u32> {
         match self {
             Owner::Stream(id) => Some(id),
-            Owner::Nobody { .. } | Owner::Turn(_) | Owner::Renew { .. } => None,
+            Owner::Nobody { .. }
+            | Owner::Turn(_)
+            | Owner::Renew { .. }
+            | Owner::Take { .. }
+            | Owner::Peek(_) => None,
         }
     }
 }
@@ -162,6 +174,10 @@ impl Calls {
                 None
             }
             Owner::Turn(key) | Owner::Renew { key, .. } => Some(Done::Turn(key)),
+            Owner::Take { key, .. } | Owner::Peek(key) => {
+                metrics.count(key.pool, Counter::FleetErrors);
+                None
+            }
             Owner::Stream(_) => None,
         }
     }
@@ -199,6 +215,14 @@ impl Calls {
             Owner::Stream(id) => Some(Done::Stream { id, seq: out.seq }),
             Owner::Turn(key) => Some(Done::Turn(key)),
             Owner::Renew { key, until_ms } => Some(Done::Renew { key, until_ms }),
+            Owner::Take { key, until_ms } => {
+                count_failed(reply, key.pool, metrics);
+                Some(Done::Take { key, until_ms })
+            }
+            Owner::Peek(key) => {
+                count_failed(reply, key.pool, metrics);
+                Some(Done::Peek(key))
+            }
             Owner::Nobody { pool } => {
                 let c = match reply {
                     ServiceReply::Message(_) => Counter::FleetCallsOk,
@@ -221,5 +245,12 @@ impl Calls {
     /// Calls out now (sent, not answered).
     pub fn out(&self) -> usize {
         self.out.len()
+    }
+}
+
+/// A call of the watch (`fleet::watch`) that failed is counted as every failed call is.
+fn count_failed(reply: ServiceReply, pool: usize, metrics: &mut dyn Metrics) {
+    if let ServiceReply::Failed(_) = reply {
+        metrics.count(pool, Counter::FleetErrors);
     }
 }

@@ -14,13 +14,18 @@ pub enum Method {
     Reserve,
     /// `kuadrant.service.ratelimit.v1.RateLimitService/Commit`.
     Commit,
+    /// `kuadrant.service.ratelimit.v1.RateLimitService/CheckRateLimit`: a check of one hit
+    /// that counts nothing.
+    CheckRateLimit,
 }
 
 impl Method {
     pub fn service(self) -> &'static str {
         match self {
             Method::ShouldRateLimit => "envoy.service.ratelimit.v3.RateLimitService",
-            Method::Reserve | Method::Commit => "kuadrant.service.ratelimit.v1.RateLimitService",
+            Method::Reserve | Method::Commit | Method::CheckRateLimit => {
+                "kuadrant.service.ratelimit.v1.RateLimitService"
+            }
         }
     }
 
@@ -29,6 +34,7 @@ impl Method {
             Method::ShouldRateLimit => "ShouldRateLimit",
             Method::Reserve => "Reserve",
             Method::Commit => "Commit",
+            Method::CheckRateLimit => "CheckRateLimit",
         }
     }
 }
@@ -171,6 +177,22 @@ pub fn warn_if_no_reservations(code: u32) {
          budgets, fleet max_in_flight and fleet.cooldowns fall to fleet.on_error: run \
          limitador-server with Reserve/Commit (its main branch since 2026-09; storage redis, or \
          memory for a single server), or set fleet.reservations: false"
+            .to_string()
+    });
+}
+
+/// Said once per worker: a service that answers `CheckRateLimit` with UNIMPLEMENTED (a server
+/// without Kuadrant's service) cannot tell an Envoy that another one cools a (pool, account),
+/// so each Envoy learns a cooldown from its own first 429.
+pub fn warn_if_no_check(code: u32) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if code != UNIMPLEMENTED {
+        return;
+    }
+    warn_once(&WARNED, || {
+        "llm_governor: the rate-limit service answered CheckRateLimit with UNIMPLEMENTED, so \
+         each Envoy learns a cooldown from its own first 429: run limitador-server (Kuadrant's \
+         kuadrant.service.ratelimit.v1 service)"
             .to_string()
     });
 }

@@ -6,9 +6,13 @@
 use super::calls::{Calls, Done, Owner};
 use super::grpc::ServiceReply;
 use super::limits::{FleetLimits, Grant, Of};
+use super::rls::{self, Code};
 use super::turn::{self, Tend, TurnKey, Turns};
+use super::watch::{Here, Look};
 use crate::config::Config;
+use crate::env::Env;
 use crate::hold::Holds;
+use crate::metrics::Counter;
 use crate::policy::Governor;
 use crate::store::SharedStore;
 
@@ -27,6 +31,23 @@ pub fn tend(
     let (Some(fleet), cfg) = (gov.fleet(), &gov.cfg) else {
         return;
     };
+    if fleet.cooldowns && !turns.watch.is_empty() {
+        let here = |k: TurnKey| gov.cooldowns().here(k.pool, k.account, store, now);
+        for look in turns.watch.due(now, here) {
+            let seq = calls.reserve(1);
+            let (owner, call) = match look {
+                Look::Peek(k) => (Owner::Peek(k), fleet.peek_call(k.descriptor_key(cfg), seq)),
+                Look::Mark(k) => {
+                    let pool = k.pool;
+                    (
+                        Owner::Nobody { pool },
+                        fleet.mark_call(k.descriptor_key(cfg), seq),
+                    )
+                }
+            };
+            calls.owe_for(owner, call);
+        }
+    }
     if turns.is_empty() {
         return;
     }
@@ -44,6 +65,40 @@ pub fn tend(
         };
         let seq = calls.reserve(1);
         calls.owe_for(owner, fleet.release_call(cfg, &grant, seq));
+    }
+}
+
+/// This worker learned a cooldown of `key` from the provider at `now` (an answer it governed):
+/// the fleet is told at once (a mark, `watch`), and the turn is taken, unless held here, for
+/// the cooldown and the probe after it, so no other Envoy's request takes it meanwhile.
+pub fn learned(
+    turns: &mut Turns,
+    calls: &mut Calls,
+    gov: &Governor,
+    key: TurnKey,
+    store: &dyn SharedStore,
+    now: u64,
+) {
+    let (Some(fleet), cfg) = (gov.fleet().filter(|f| f.cooldowns), &gov.cfg) else {
+        return;
+    };
+    let cooldowns = gov.cooldowns();
+    let cools = cooldowns.here(key.pool, key.account, store, now) == Here::Cools;
+    if !cools || !turns.watch.learned(key, now) {
+        return;
+    }
+    let seq = calls.reserve(1);
+    let pool = key.pool;
+    calls.owe_for(
+        Owner::Nobody { pool },
+        fleet.mark_call(key.descriptor_key(cfg), seq),
+    );
+    if !turns.holds(key, now) {
+        let ttl_ms = turn::turn_ms(cooldowns.spread_ms(key.pool, key.account, store));
+        let seq = calls.reserve(1);
+        let until_ms = now + ttl_ms;
+        let call = fleet.turn_call(key.descriptor_key(cfg), ttl_ms, seq);
+        calls.owe_for(Owner::Take { key, until_ms }, call);
     }
 }
 
@@ -67,22 +122,49 @@ pub fn retake(
 }
 
 /// What became of a call about a turn: a Reserve taking it again (granted or not), or the
-/// release before one (then it is taken again).
+/// release before one (then it is taken again); a turn taken by a worker that learned a
+/// cooldown; a check of another Envoy's marker (over its limit: held here too).
 pub fn answered(
     done: Done,
     reply: ServiceReply,
     turns: &mut Turns,
     calls: &mut Calls,
     gov: &Governor,
-    now: u64,
+    env: &mut Env,
 ) {
+    let now = env.now();
     match done {
         Done::Turn(key) => turns.renewed(key, turn::granted(reply)),
+        Done::Take { key, until_ms } => {
+            if let Some(id) = turn::granted(reply) {
+                turns.took(key, id, until_ms);
+            }
+        }
+        Done::Peek(key) => {
+            if over_limit(reply) {
+                env.metrics.count(key.pool, Counter::FleetCallsOverLimit);
+                gov.cooldowns().held_elsewhere(key.pool, key.account, env);
+            }
+        }
         Done::Renew { key, until_ms } => {
             if let Some(fleet) = gov.fleet() {
                 retake(calls, fleet, &gov.cfg, key, until_ms, now);
             }
         }
         Done::Stream { .. } => {}
+    }
+}
+
+/// Whether a check's answer is over its limit (a failed or unreadable one is not: the Envoy
+/// goes on as without a fleet).
+fn over_limit(reply: ServiceReply) -> bool {
+    match reply {
+        ServiceReply::Message(bytes) => {
+            rls::decode_response(bytes).is_ok_and(|a| a.code == Some(Code::OverLimit))
+        }
+        ServiceReply::Failed(code) => {
+            super::grpc::warn_if_no_check(code);
+            false
+        }
     }
 }

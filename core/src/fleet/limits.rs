@@ -7,7 +7,7 @@
 
 use super::grpc::{Method, ServiceCall};
 use super::rls::{self, Descriptor};
-use super::turn::{TurnKey, TURN_LIMIT};
+use super::turn::{TurnAsk, TurnKey, COOLING_LIMIT, TURN_LIMIT};
 use crate::config::{Config, LimitKey, LimitKind, OnError, Scope};
 use crate::headers::Headers;
 use crate::keys;
@@ -43,6 +43,8 @@ pub enum Of {
     Limit(usize),
     /// The turn of a (pool, account): the right to release what its cooldown's pace lets go.
     Turn,
+    /// Whether a (pool, account) cools somewhere in the fleet: a check that counts nothing.
+    Peek,
 }
 
 /// One call of a request's admission: what it is about, the descriptor's key, how much.
@@ -112,14 +114,22 @@ impl FleetLimits {
     }
 
     /// What admission asks the service for this flow: its turn when it needs one (the pace of
-    /// a cooldown released it; taken for `turn_ms`), then one call per fleet limit.
-    pub(crate) fn asks(&self, cfg: &Config, flow: &Flow, turn_ms: Option<u64>) -> Vec<Ask> {
-        let turn = turn_ms.map(|ttl_ms| Ask {
-            of: Of::Turn,
-            key: TurnKey::of(flow).descriptor_key(cfg),
-            amount: 1,
-            reserve: true,
-            ttl_ms,
+    /// a cooldown released it), or whether the fleet cools its (pool, account) (this worker
+    /// has not looked lately); then one call per fleet limit.
+    pub(crate) fn asks(&self, cfg: &Config, flow: &Flow, turn: Option<TurnAsk>) -> Vec<Ask> {
+        let turn = turn.map(|t| {
+            let (of, reserve, ttl_ms) = match t {
+                TurnAsk::Take { ttl_ms } => (Of::Turn, true, ttl_ms),
+                TurnAsk::Peek => (Of::Peek, false, 0),
+            };
+            let key = TurnKey::of(flow).descriptor_key(cfg);
+            Ask {
+                of,
+                key,
+                amount: 1,
+                reserve,
+                ttl_ms,
+            }
         });
         turn.into_iter()
             .chain(self.limits.iter().map(|&i| {
@@ -155,6 +165,26 @@ impl FleetLimits {
         }
         let hits = u32::try_from(ask.amount).unwrap_or(u32::MAX);
         let message = rls::should_rate_limit(&self.domain, &d, hits);
+        let method = match ask.of {
+            Of::Peek => Method::CheckRateLimit,
+            Of::Limit(_) | Of::Turn => Method::ShouldRateLimit,
+        };
+        self.call(seq, method, message)
+    }
+
+    /// Whether `key` (a turn's key) cools somewhere in the fleet: a check of one hit on
+    /// `COOLING_LIMIT` that counts nothing (over its limit: some Envoy cools it).
+    pub(crate) fn peek_call(&self, key: String, seq: u32) -> ServiceCall {
+        let d = [descriptor_of(COOLING_LIMIT, key)];
+        let message = rls::should_rate_limit(&self.domain, &d, 1);
+        self.call(seq, Method::CheckRateLimit, message)
+    }
+
+    /// `key` cools here: a hit on `COOLING_LIMIT` (its window short, hit again while it cools),
+    /// so every other Envoy's check of it is over its limit.
+    pub(crate) fn mark_call(&self, key: String, seq: u32) -> ServiceCall {
+        let d = [descriptor_of(COOLING_LIMIT, key)];
+        let message = rls::should_rate_limit(&self.domain, &d, 1);
         self.call(seq, Method::ShouldRateLimit, message)
     }
 
@@ -192,10 +222,7 @@ impl FleetLimits {
 
     /// A turn taken (or taken again) for `ttl_ms`.
     pub(crate) fn turn_call(&self, key: String, ttl_ms: u64, seq: u32) -> ServiceCall {
-        let d = [Descriptor {
-            limit: TURN_LIMIT.to_string(),
-            key,
-        }];
+        let d = [descriptor_of(TURN_LIMIT, key)];
         let message = rls::reserve(&self.domain, &d, 1, ttl_ms);
         self.call(seq, Method::Reserve, message)
     }
@@ -288,11 +315,21 @@ impl FleetLimits {
 }
 
 fn descriptor(cfg: &Config, of: Of, key: String) -> Descriptor {
-    let limit = match of {
-        Of::Limit(i) => cfg.limits[i].name.clone(),
-        Of::Turn => TURN_LIMIT.to_string(),
-    };
-    Descriptor { limit, key }
+    match of {
+        Of::Limit(i) => Descriptor {
+            limit: cfg.limits[i].name.clone(),
+            key,
+        },
+        Of::Turn => descriptor_of(TURN_LIMIT, key),
+        Of::Peek => descriptor_of(COOLING_LIMIT, key),
+    }
+}
+
+fn descriptor_of(limit: &str, key: String) -> Descriptor {
+    Descriptor {
+        limit: limit.to_string(),
+        key,
+    }
 }
 
 /// A header's value when it is not a credential (`-` when it is missing, as local limits

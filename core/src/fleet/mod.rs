@@ -19,6 +19,8 @@ pub mod ask;
 pub mod calls;
 pub mod grpc;
 pub mod handoff;
+pub mod key;
 pub mod limits;
 pub mod rls;
 pub mod turn;
+pub mod watch;

@@ -14,13 +14,29 @@
 //! local gate lets through unpaced never asks.
 
 use super::grpc::ServiceReply;
+pub use super::key::TurnKey;
 use super::rls::{self, Code};
-use crate::config::Config;
-use crate::keys;
+use super::watch::Watch;
 use crate::request::Flow;
 
 /// The service's limit whose holds are the turns (`max_value: 1`; see the shipped limits file).
 pub const TURN_LIMIT: &str = "llm_governor_turn";
+/// The service's limit a cooling (pool, account) is marked on (`max_value: 1`, `seconds: 1`;
+/// see the shipped limits file): an Envoy that learned a cooldown hits it every `MARK_MS`
+/// while it cools, and any other Envoy's check of it (`CheckRateLimit`, which counts nothing)
+/// is then over its limit. A marker left by an Envoy that died is gone within a second.
+pub const COOLING_LIMIT: &str = "llm_governor_cooling";
+
+/// What admission asks of a (pool, account)'s turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnAsk {
+    /// Take it for `ttl_ms`: the pace of a cooldown released the request.
+    Take { ttl_ms: u64 },
+    /// Only look whether the fleet cools it (`COOLING_LIMIT`): this worker has not looked
+    /// lately (`watch`).
+    Peek,
+}
+
 /// How long a turn is taken for, at least: the provider's rounds of an outage of a few seconds
 /// stay the holder's without taking the turn again, and a holder that died gives the turn back
 /// after it (the fleet's releases of that account wait that long, at most). A turn is taken for
@@ -37,32 +53,6 @@ pub fn turn_ms(spread_ms: u64) -> u64 {
 }
 /// How soon a worker refused the turn asks again, on average.
 pub const TURN_REASK_MS: u64 = 50;
-
-/// Whose turn: a (pool, account) as the flow is governed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TurnKey {
-    pub pool: usize,
-    pub account: u64,
-}
-
-impl TurnKey {
-    pub fn of(flow: &Flow) -> TurnKey {
-        TurnKey {
-            pool: flow.pool,
-            account: flow.account,
-        }
-    }
-
-    /// The descriptor's key: the pool's name and its account label, or the account's keyed id
-    /// (never a credential).
-    pub fn descriptor_key(&self, cfg: &Config) -> String {
-        let pool = &cfg.pools[self.pool];
-        match &pool.account {
-            Some(label) => format!("{}/{label}", pool.name),
-            None => format!("{}/{}", pool.name, keys::id_hex(self.account)),
-        }
-    }
-}
 
 /// A turn this worker holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,19 +78,27 @@ pub enum Tend {
     },
 }
 
-/// The turns one worker holds: a few at a time, a list.
+/// The turns one worker holds (a few at a time, a list), and the (pool, account)s it watches
+/// for another Envoy's cooldown (`watch`).
 #[derive(Default, Debug)]
 pub struct Turns {
     held: Vec<Held>,
     /// When `tend` last looked (a kept turn is looked at every tick).
     tended_ms: u64,
+    pub watch: Watch,
 }
 
 impl Turns {
-    /// When a tick (every `tick_ms`) should next tend the turns kept here: None while none is
-    /// kept.
+    /// When a tick (every `tick_ms`) should next tend the turns kept here or check what is
+    /// watched: None while nothing is kept or watched.
     pub fn next_check_ms(&self, tick_ms: u64) -> Option<u64> {
-        (!self.held.is_empty()).then(|| self.tended_ms.saturating_add(tick_ms))
+        let kept = (!self.held.is_empty()).then(|| self.tended_ms.saturating_add(tick_ms));
+        kept.into_iter().chain(self.watch.next_check_ms()).min()
+    }
+
+    /// No turn is kept and nothing is watched: nothing for a tick to do.
+    pub fn is_idle(&self) -> bool {
+        self.held.is_empty() && self.watch.is_empty()
     }
 
     /// Whether this worker holds `key`'s turn at `now`.
