@@ -575,6 +575,8 @@ impl Worker {
         verdict: Verdict,
         lent: &mut Lent,
     ) -> Reaction {
+        // What this worker knows of the fleet's cooldown of the account is fresh now.
+        self.turns.watch.checked(TurnKey::of(&flow), (lent.clock)());
         let (outcome, now) = {
             let gov = self.gov.clone();
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);

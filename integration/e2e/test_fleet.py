@@ -319,18 +319,18 @@ def test_a_fleet_refusal_with_a_short_wait_is_held_not_answered(simulator, sim):
 @fixture_only("Reserve / Commit")
 def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
     """Issue 31, `fleet.cooldowns`: three Envoys meet the provider's outage (429, `retry-after:
-    1`, for 3.5 s); each learns the cooldown from its own first 429. Their held requests then
-    probe from one Envoy at a time, the holder of the (pool, account)'s turn, so a provider
-    round costs the fleet one request, not one per Envoy."""
+    1`, for 3.5 s); each learns the cooldown from its own first 429 (their first requests reach
+    the provider together: it answers after 300 ms). Their held requests then probe from one
+    Envoy at a time, the holder of the (pool, account)'s turn, so a provider round costs the
+    fleet one request, not one per Envoy."""
     config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
               "hold": {"max_ms": 20000}}
     assert "name: llm_governor_turn\n  max_value: 1\n" in limits_file(config)
     key = new_key()
     with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:
         sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 3500, "keys": [key],
-                      "limit": {"requests": 1000, "window_ms": 2000}})
-        first = [post(e, key, body=body()) for e in fleet.envoys]
-        assert [r.status_code for r in first] == [429, 429, 429]
+                      "limit": {"requests": 1000, "window_ms": 2000}, "latency_ms": 300})
+        assert held_calls(fleet.envoys, key) == [429, 429, 429]
         replies = held_calls([e for e in fleet.envoys for _ in range(4)], key)
         seen = [(round(q["t_ms"]), q["status"]) for q in sim.requests_for(key)]
         probes = [s for _, s in seen[3:] if s == 429]
@@ -341,6 +341,44 @@ def test_shared_cooldowns_send_one_probe_a_round_for_the_fleet(simulator, sim):
         assert 1 <= len(probes) <= 2, seen
         assert replies.count(429) == len(probes), (replies, seen)
         assert [s for _, s in seen].count(200) == replies.count(200), seen
+        assert fleet.stat("fleet_errors") == 0
+
+
+@fixture_only("Reserve / Commit")
+def test_an_envoy_learns_another_envoys_cooldown_before_its_own_first_429(simulator, sim):
+    """Issue 31, item 1: the Envoy that meets the provider's 429 marks the (pool, account) for
+    the fleet (`llm_governor_cooling`) and takes its turn. An Envoy that sent to the account a
+    moment ago finds the marker from its timer, one that never did checks it on its first
+    request's way: both hold their calls through the outage instead of each meeting a 429 of
+    its own, and the fleet's one probe a round is the first Envoy's."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
+              "hold": {"max_ms": 20000}}
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:
+        a, warm, cold = fleet.envoys
+        sim.scenario({"mode": "ok", "keys": [key]})
+        assert post(warm, key, body=body()).status_code == 200
+        sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 2500, "keys": [key],
+                      "limit": {"requests": 1000, "window_ms": 2000}})
+        assert post(a, key, body=body()).status_code == 429
+        time.sleep(0.3)  # the marker is a call from A's timer; B's check of it one from B's
+        replies = held_calls([warm, cold, warm, cold], key)
+        seen = [(q["t_ms"], q["status"]) for q in sim.requests_for(key)]
+        # Upstream: the warm Envoy's success before the outage, A's 429, then the outage's
+        # rounds (retry-after: 1; down for 2.5 s): one probe a round for the fleet, the first
+        # when A's cooldown ends, never a request of the other two Envoys before it.
+        (_, before), (t_a, first) = seen[0], seen[1]
+        assert (before, first) == (200, 429), seen
+        probes = [t for t, s in seen[2:] if s == 429]
+        assert all(t >= t_a + 900 for t, _ in seen[2:]), f"sent inside A's cooldown: {seen}"
+        assert 1 <= len(probes) <= 2, seen
+        assert all(b - a >= 900 for a, b in zip(probes, probes[1:])), f"two probes in a round: {seen}"
+        # Each probe's caller got its 429 (with the wait); every other call completed.
+        assert sorted(replies) == [200] * (4 - len(probes)) + [429] * len(probes), (replies, seen)
+        assert [s for _, s in seen[2:]].count(200) == 4 - len(probes), seen
+        for envoy in (warm, cold):
+            assert envoy.pool_stat("openai", "held") >= 1
+            assert envoy.pool_stat("openai", "fleet_calls_over_limit") >= 1
         assert fleet.stat("fleet_errors") == 0
 
 
@@ -355,10 +393,12 @@ def test_a_turn_is_handed_off_when_its_holder_has_nothing_left_to_send(simulator
     with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:
         a, b = fleet.envoys[0], fleet.envoys[1]
         # Down for 0.8 s, then 3 requests per 3 s window, the outage's rejections counted.
+        # Both first requests reach the provider before its 429 (answered after 300 ms), so
+        # both Envoys learn the cooldown from their own.
         sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 800, "keys": [key],
-                      "limit": {"requests": 3, "window_ms": 3000}})
+                      "limit": {"requests": 3, "window_ms": 3000}, "latency_ms": 300})
         started = time.monotonic()
-        assert [post(e, key, body=body()).status_code for e in (a, b)] == [429, 429]
+        assert held_calls([a, b], key) == [429, 429]
         held = {"x-stainless-timeout": "30"}
         # A sends through the cooldown's pace (it takes the turn); its answer says the window
         # is full, so A keeps the turn until the window resets, with no stream of its own left.
@@ -382,8 +422,8 @@ def test_a_turn_whose_holder_was_killed_comes_back_when_its_hold_expires(simulat
     with Fleet(simulator, config, TURN_SERVICE_ARGS + ["--max-reservation-ttl-ms", "4000"]) as fleet:
         a, b = fleet.envoys[0], fleet.envoys[1]
         sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 1500, "keys": [key],
-                      "limit": {"requests": 1000, "window_ms": 2000}})
-        assert [post(e, key, body=body()).status_code for e in (a, b)] == [429, 429]
+                      "limit": {"requests": 1000, "window_ms": 2000}, "latency_ms": 300})
+        assert held_calls([a, b], key) == [429, 429]
         # A's held request is its cooldown's probe: A takes the turn, and the provider (down until
         # 1.5 s) answers 429 again, so A keeps it. Then A is killed.
         held = {"x-stainless-timeout": "30"}

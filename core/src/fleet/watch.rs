@@ -52,19 +52,22 @@ impl Watch {
     }
 
     /// A request of `key` goes at `now`: `key` is watched for `WATCH_MS` more. Returns whether
-    /// the request must check the marker on its way (nothing checked it within `STALE_MS`);
-    /// the requests after it then need not.
+    /// the request must check the marker on its way: no check of it was answered within
+    /// `STALE_MS` (every request of a burst checks until the first answer comes).
     pub fn sent(&mut self, key: TurnKey, now: u64) -> bool {
         if let Some(w) = self.keys.iter_mut().find(|w| w.key == key) {
             w.sent_ms = now;
-            let stale = w.checked_ms.saturating_add(STALE_MS) <= now;
-            if stale {
-                w.checked_ms = now;
-            }
-            return stale;
+            return w.checked_ms.saturating_add(STALE_MS) <= now;
         }
         self.push(key, now);
         true
+    }
+
+    /// A request's check of `key` was answered at `now` (or failed: the timer checks next).
+    pub fn checked(&mut self, key: TurnKey, now: u64) {
+        if let Some(w) = self.keys.iter_mut().find(|w| w.key == key) {
+            w.checked_ms = w.checked_ms.max(now);
+        }
     }
 
     /// This worker learned a cooldown of `key` from the provider at `now`: whether to mark it
@@ -121,7 +124,7 @@ impl Watch {
         self.keys.push(Watched {
             key,
             sent_ms: now,
-            checked_ms: now,
+            checked_ms: 0,
             marked_ms: 0,
         });
         let last = self.keys.len() - 1;
