@@ -219,10 +219,7 @@ impl Calls {
                 count_failed(reply, key.pool, metrics);
                 Some(Done::Take { key, until_ms })
             }
-            Owner::Peek(key) => {
-                count_failed(reply, key.pool, metrics);
-                Some(Done::Peek(key))
-            }
+            Owner::Peek(key) => Some(Done::Peek(key)),
             Owner::Nobody { pool } => {
                 let c = match reply {
                     ServiceReply::Message(_) => Counter::FleetCallsOk,
@@ -248,7 +245,7 @@ impl Calls {
     }
 }
 
-/// A call of the watch (`fleet::watch`) that failed is counted as every failed call is.
+/// A turn taken by the watch (`fleet::watch`) that failed is counted as every failed call is.
 fn count_failed(reply: ServiceReply, pool: usize, metrics: &mut dyn Metrics) {
     if let ServiceReply::Failed(_) = reply {
         metrics.count(pool, Counter::FleetErrors);

@@ -141,8 +141,14 @@ pub fn answered(
             }
         }
         Done::Peek(key) => {
-            if over_limit(reply) {
-                env.metrics.count(key.pool, Counter::FleetCallsOverLimit);
+            let said = over_limit(reply);
+            let counter = match said {
+                Some(true) => Counter::FleetCallsOverLimit,
+                Some(false) => Counter::FleetCallsOk,
+                None => Counter::FleetErrors,
+            };
+            env.metrics.count(key.pool, counter);
+            if said == Some(true) {
                 gov.cooldowns().held_elsewhere(key.pool, key.account, env);
             }
         }
@@ -155,16 +161,18 @@ pub fn answered(
     }
 }
 
-/// Whether a check's answer is over its limit (a failed or unreadable one is not: the Envoy
-/// goes on as without a fleet).
-fn over_limit(reply: ServiceReply) -> bool {
+/// Whether a check's answer is over its limit; None for a failed or unreadable one (counted:
+/// the Envoy goes on as without a fleet).
+fn over_limit(reply: ServiceReply) -> Option<bool> {
     match reply {
-        ServiceReply::Message(bytes) => {
-            rls::decode_response(bytes).is_ok_and(|a| a.code == Some(Code::OverLimit))
-        }
+        ServiceReply::Message(bytes) => match rls::decode_response(bytes).ok()?.code {
+            Some(Code::OverLimit) => Some(true),
+            Some(Code::Ok) => Some(false),
+            _ => None,
+        },
         ServiceReply::Failed(code) => {
             super::grpc::warn_if_no_check(code);
-            false
+            None
         }
     }
 }
