@@ -89,3 +89,16 @@ fn what_was_not_sent_to_for_a_minute_is_forgotten_and_the_watch_is_bounded() {
     assert!(w.is_empty());
     assert_eq!(w.next_check_ms(), None);
 }
+
+#[test]
+fn a_cooldown_longer_than_the_watch_is_marked_to_its_end() {
+    let mut w = Watch::default();
+    w.sent(key(1), T0);
+    let later = T0 + WATCH_MS + 1_000;
+    assert_eq!(w.due(later, |_| Here::Cools), vec![Look::Mark(key(1))]);
+    assert!(
+        w.due(later + 2 * PEEK_MS, |_| Here::Quiet).is_empty(),
+        "over: forgotten"
+    );
+    assert!(w.is_empty());
+}

@@ -85,10 +85,11 @@ impl Watch {
     }
 
     /// The calls due at `now`; `here(key)` says what this Envoy knows of `key` itself.
-    /// (pool, account)s not sent to for `WATCH_MS` are forgotten.
+    /// (pool, account)s not sent to for `WATCH_MS` are forgotten, unless they cool here (a
+    /// cooldown longer than that is marked to its end).
     pub fn due(&mut self, now: u64, mut here: impl FnMut(TurnKey) -> Here) -> Vec<Look> {
         self.keys
-            .retain(|w| w.sent_ms.saturating_add(WATCH_MS) > now);
+            .retain(|w| w.sent_ms.saturating_add(WATCH_MS) > now || here(w.key) == Here::Cools);
         let mut out = Vec::new();
         for w in &mut self.keys {
             if w.checked_ms.saturating_add(PEEK_MS) > now {
