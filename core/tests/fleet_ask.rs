@@ -266,14 +266,16 @@ fn every_combination_of_answers_and_on_error_has_one_verdict() {
 /// A row: its name, the config, what the service says, the calls of each stage, the verdict.
 type Row = (&'static str, String, Vec<Says>, Vec<Vec<Method>>, Verdict);
 
+/// `rpm_only` with the fleet's cooldowns shared.
+fn cooled(on_error: &str) -> String {
+    rpm_only(on_error).replace(
+        "\"timeout_ms\": 50,",
+        "\"timeout_ms\": 50, \"cooldowns\": true,",
+    )
+}
+
 #[test]
 fn a_cooldowns_release_asks_the_turn_first_and_only_one_worker_of_the_fleet_has_it() {
-    let cooled = |on_error: &str| {
-        rpm_only(on_error).replace(
-            "\"timeout_ms\": 50,",
-            "\"timeout_ms\": 50, \"cooldowns\": true,",
-        )
-    };
     #[rustfmt::skip]
     let rows: Vec<Row> = vec![
         ("the turn is granted: it goes, and the worker keeps the turn",
@@ -318,12 +320,6 @@ const TAKE: TurnAsk = TurnAsk::Take { ttl_ms: TURN_MS };
 #[test]
 fn a_peek_at_the_fleets_cooling_marker_holds_the_request_when_another_envoy_cools_it() {
     use Method::CheckRateLimit as Check;
-    let cooled = |on_error: &str| {
-        rpm_only(on_error).replace(
-            "\"timeout_ms\": 50,",
-            "\"timeout_ms\": 50, \"cooldowns\": true,",
-        )
-    };
     #[rustfmt::skip]
     let rows: Vec<Row> = vec![
         ("nothing cools it: it goes, with no turn",

@@ -171,6 +171,12 @@ fn tick(h: &mut Host, svc: &mut TurnService) -> Vec<u32> {
     went
 }
 
+/// A success with room: 9 of 10 requests left in the provider's window.
+const ROOM: [(&str, &str); 2] = [
+    ("x-ratelimit-remaining-requests", "9"),
+    ("x-ratelimit-limit-requests", "10"),
+];
+
 /// Stream `id` of the account arrives at host `h`, its calls answered: whether it went.
 fn request(h: &mut Host, svc: &mut TurnService, id: u32) -> bool {
     let r = h.request_headers(id, &[A], true);
@@ -196,6 +202,31 @@ fn cooled_fleet(svc: &mut TurnService) -> Vec<Host> {
     fleet
 }
 
+/// The holder's (`fleet[0]`) probe, stream `probe`, succeeds with room: with nothing more to
+/// send it gives the turn back, and of the others one Envoy at a time goes: exactly one sends
+/// its held request (stream 2).
+fn recovered(fleet: &mut [Host], svc: &mut TurnService, probe: u32) {
+    fleet[0].respond(probe, 200, &ROOM, "{}");
+    fleet[0].end(probe);
+    assert_eq!(tick(&mut fleet[0], svc), Vec::<u32>::new());
+    assert!(svc.holder.is_none(), "the turn was given back");
+    let went = round(&mut fleet[1..], 60, svc);
+    assert_eq!(went.concat(), vec![2], "one Envoy at a time: {went:?}");
+}
+
+/// A round `ms` later in which the holder (`fleet[0]`) sends `sent` and no other Envoy
+/// sends anything.
+fn only_the_holder_sends(
+    fleet: &mut [Host],
+    ms: u64,
+    svc: &mut TurnService,
+    sent: &[u32],
+    why: &str,
+) {
+    let went = round(fleet, ms, svc);
+    assert_eq!(went, vec![sent.to_vec(), vec![], vec![]], "{why}");
+}
+
 /// Every Envoy of the fleet `ms` later, then ticked: what each sent.
 fn round(fleet: &mut [Host], ms: u64, svc: &mut TurnService) -> Vec<Vec<u32>> {
     fleet
@@ -212,11 +243,12 @@ fn a_provider_round_costs_the_fleet_one_probe_and_the_turn_passes_when_it_has_ro
     let mut svc = TurnService::default();
     let mut fleet = cooled_fleet(&mut svc);
     // The cooldown ends on every Envoy: each asks for the turn; only the first gets it.
-    let went = round(&mut fleet, 1_000 + 1, &mut svc);
-    assert_eq!(
-        went,
-        vec![vec![2], vec![], vec![]],
-        "one probe for the fleet"
+    only_the_holder_sends(
+        &mut fleet,
+        1_000 + 1,
+        &mut svc,
+        &[2],
+        "one probe for the fleet",
     );
     assert_eq!(fleet[1].worker.stage(2), Stage::Held);
     assert_eq!(fleet[2].worker.stage(2), Stage::Held);
@@ -230,35 +262,16 @@ fn a_provider_round_costs_the_fleet_one_probe_and_the_turn_passes_when_it_has_ro
     fleet[0].respond(2, 429, &[("retry-after", "1")], RL);
     fleet[0].end(2);
     assert!(matches!(fleet[0].arrive(3, PATH, &[A]), Step::Held));
-    let went = round(&mut fleet, 500, &mut svc);
-    assert_eq!(
-        went,
-        vec![Vec::<u32>::new(), vec![], vec![]],
-        "nobody probes mid-cooldown"
+    only_the_holder_sends(&mut fleet, 500, &mut svc, &[], "nobody probes mid-cooldown");
+    only_the_holder_sends(
+        &mut fleet,
+        600,
+        &mut svc,
+        &[3],
+        "the next round's one probe is the holder's",
     );
-    let went = round(&mut fleet, 600, &mut svc);
-    assert_eq!(
-        went,
-        vec![vec![3], vec![], vec![]],
-        "the next round's one probe is the holder's"
-    );
-    // The provider recovered: the probe succeeds with room. The holder has nothing more to
-    // send: it gives the turn back, and the next Envoy's request goes.
-    let room = [
-        ("x-ratelimit-remaining-requests", "9"),
-        ("x-ratelimit-limit-requests", "10"),
-    ];
-    fleet[0].respond(3, 200, &room, "{}");
-    assert_eq!(tick(&mut fleet[0], &mut svc), Vec::<u32>::new());
-    assert!(svc.holder.is_none(), "the turn was given back");
-    fleet[1].advance(60);
-    assert_eq!(tick(&mut fleet[1], &mut svc), vec![2]);
-    fleet[2].advance(60);
-    assert_eq!(
-        tick(&mut fleet[2], &mut svc),
-        Vec::<u32>::new(),
-        "one Envoy at a time"
-    );
+    // The provider recovered.
+    recovered(&mut fleet, &mut svc, 3);
 }
 
 #[test]
@@ -282,6 +295,16 @@ fn with_the_service_down_each_envoy_keeps_its_own_cooldown_and_says_so() {
     }
 }
 
+/// Stream `id` of the account goes at once, with no call to the service.
+fn goes_asking_nothing(h: &mut Host, id: u32) {
+    let r = h.request_headers(id, &[A], true);
+    assert_eq!(r.action, Action::Continue, "{r:?}");
+    assert!(!r
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::CallService(_))));
+}
+
 #[test]
 fn nothing_is_asked_on_a_requests_way_while_nothing_is_cooling() {
     let mut svc = TurnService::default();
@@ -300,23 +323,13 @@ fn nothing_is_asked_on_a_requests_way_while_nothing_is_cooling() {
     assert_eq!(calls, vec![Method::CheckRateLimit]);
     assert!(request(&mut h, &mut svc, 11));
     for id in 12..20 {
-        let r = h.request_headers(id, &[A], true);
-        assert_eq!(r.action, Action::Continue, "{r:?}");
-        assert!(!r
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::CallService(_))));
+        goes_asking_nothing(&mut h, id);
     }
     // From then on the worker's timer checks it every PEEK_MS, and requests still ask nothing.
     for id in 20..40 {
         h.advance(50);
         tick(&mut h, &mut svc);
-        let r = h.request_headers(id, &[A], true);
-        assert_eq!(r.action, Action::Continue, "{r:?}");
-        assert!(!r
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::CallService(_))));
+        goes_asking_nothing(&mut h, id);
     }
     assert_eq!(svc.peeks, 10, "one check per PEEK_MS over 1 s");
     assert_eq!(svc.marks, 0);
@@ -359,21 +372,6 @@ fn an_envoy_learns_another_envoys_cooldown_before_its_own_first_429() {
     }
     assert!(svc.marks >= 3, "marked every MARK_MS: {}", svc.marks);
     // The cooldown ends: the one probe of the fleet is the holder's.
-    let went = round(&mut fleet, 101, &mut svc);
-    assert_eq!(
-        went,
-        vec![vec![2], vec![], vec![]],
-        "one probe for the fleet"
-    );
-    // It succeeds with room: the holder hands the turn off, and one Envoy at a time goes.
-    let room = [
-        ("x-ratelimit-remaining-requests", "9"),
-        ("x-ratelimit-limit-requests", "10"),
-    ];
-    fleet[0].respond(2, 200, &room, "{}");
-    fleet[0].end(2);
-    tick(&mut fleet[0], &mut svc);
-    assert!(svc.holder.is_none(), "the turn was given back");
-    let went = round(&mut fleet[1..], 60, &mut svc);
-    assert_eq!(went.concat(), vec![2], "one Envoy at a time: {went:?}");
+    only_the_holder_sends(&mut fleet, 101, &mut svc, &[2], "one probe for the fleet");
+    recovered(&mut fleet, &mut svc, 2);
 }
