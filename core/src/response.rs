@@ -63,6 +63,9 @@ pub struct Decision {
     pub step: ResponseStep,
     /// Read the body: a success of a request that is charged its usage reports it there.
     pub scan_usage: bool,
+    /// A success whose headers say the provider has nothing left started a cooldown (what a
+    /// fleet learns from it: `fleet::watch`).
+    pub cooled: bool,
 }
 
 /// The response side of a configuration.
@@ -127,6 +130,7 @@ impl<'a> Responses<'a> {
                 told,
                 step,
                 scan_usage: false,
+                cooled: false,
             };
         }
         if refund && upstream {
@@ -134,9 +138,10 @@ impl<'a> Responses<'a> {
         }
         let snap = ratelimit::parse(headers, &|| env.now());
         export_gauges(flow.pool, &snap, env.metrics);
+        let mut cooled = false;
         let step = if !governed {
             if (200..300).contains(&status) {
-                self.on_success(flow, &snap, env);
+                cooled = self.on_success(flow, &snap, env);
             } else {
                 self.cooldowns.answer_pace(flow, Answer::Other, env);
             }
@@ -151,6 +156,7 @@ impl<'a> Responses<'a> {
             told,
             step,
             scan_usage,
+            cooled,
         }
     }
 
@@ -177,14 +183,16 @@ impl<'a> Responses<'a> {
         }
     }
 
-    fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) {
+    /// A success: what it says of the provider's room. Returns whether it started (or moved)
+    /// a cooldown.
+    fn on_success(&self, flow: &mut Flow, snap: &Snapshot, env: &mut Env) -> bool {
         predict::on_success(self.cfg, flow, env);
         if flow.client_retry {
             env.metrics
                 .count(flow.home_pool, Counter::SucceededAfterRetry);
         }
         if !self.cfg.cooldown.enabled {
-            return;
+            return false;
         }
         // A request that reserved tokens knows how many the next one like it needs, by
         // dimension: the provider's own remaining below it paces before any 429.
@@ -202,10 +210,11 @@ impl<'a> Responses<'a> {
                 let answer = Answer::NotNow {
                     requests_left: false,
                 };
-                if self.cooldowns.cool(flow, wanted, 0, answer, env) {
+                let moved = self.cooldowns.cool(flow, wanted, 0, answer, env);
+                if moved {
                     env.metrics.count(flow.pool, Counter::PreemptiveCooldown);
                 }
-                return;
+                return moved;
             }
         }
         if flow.released.is_some() || flow.streak > 0 {
@@ -216,6 +225,7 @@ impl<'a> Responses<'a> {
             };
             self.cooldowns.cool(flow, None, 0, answer, env);
         }
+        false
     }
 
     fn govern(

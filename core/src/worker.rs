@@ -290,7 +290,12 @@ impl Worker {
             *usage = Some(UsageScanner::new());
         }
         let governed = match decided.step {
-            ResponseStep::Pass => return Reaction::new(effects, Action::Continue),
+            ResponseStep::Pass => {
+                if decided.cooled {
+                    self.learned(key, lent);
+                }
+                return Reaction::new(effects, Action::Continue);
+            }
             ResponseStep::Rewrite(governed) => Some(governed),
             ResponseStep::NeedBody if !self.body.expected(|| env.now()) => {
                 // Body callbacks do not come now: classified by status and headers alone.
@@ -312,8 +317,10 @@ impl Worker {
 
     /// The provider's answer for `key` was governed: what this worker learned, the fleet does.
     fn learned(&mut self, key: TurnKey, lent: &mut Lent) {
-        let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
-        handoff::learned(turns, calls, &self.gov, key, lent.store, now);
+        if self.gov.fleet().is_some_and(|f| f.cooldowns) {
+            let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
+            handoff::learned(turns, calls, &self.gov, key, lent.store, now);
+        }
     }
 
     /// A part of the response body arrived; `body_size` is what Envoy buffers for the filter.

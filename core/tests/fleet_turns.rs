@@ -375,3 +375,30 @@ fn an_envoy_learns_another_envoys_cooldown_before_its_own_first_429() {
     only_the_holder_sends(&mut fleet, 101, &mut svc, &[2], "one probe for the fleet");
     recovered(&mut fleet, &mut svc, 2);
 }
+
+#[test]
+fn a_success_that_says_the_window_is_spent_cools_the_fleet_too() {
+    let mut svc = TurnService::default();
+    let (mut a, mut b) = (Host::new(CFG), Host::new(CFG));
+    assert!(request(&mut b, &mut svc, 1));
+    b.respond(1, 200, &ROOM, "{}");
+    b.end(1);
+    // `a`'s success says the provider's window has nothing left for 2 s: `a` cools (as
+    // without a fleet), marks the account for the fleet and takes its turn.
+    assert!(request(&mut a, &mut svc, 1));
+    let spent = [
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-limit-requests", "10"),
+        ("x-ratelimit-reset-requests", "2s"),
+    ];
+    a.respond(1, 200, &spent, "{}");
+    a.end(1);
+    pump_owed(&mut a, &mut svc);
+    assert_eq!(svc.marks, 1);
+    assert!(svc.holder.is_some(), "the turn is taken");
+    // `b` finds the marker within PEEK_MS and holds its next request.
+    b.advance(100);
+    tick(&mut b, &mut svc);
+    assert!(!request(&mut b, &mut svc, 2));
+    assert_eq!(b.worker.stage(2), Stage::Held);
+}

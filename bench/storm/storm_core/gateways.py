@@ -108,6 +108,7 @@ CONFIG_NAMES = {
     "x-split": "3 Envoys, LB 60/30/10, local limits split three ways",
     "x-fleet": "3 Envoys, LB 60/30/10, fleet limits (Limitador-compatible service on Redis)",
     "x-fleet-m": "3 Envoys, LB 60/30/10, fleet limits, the limits file's window 1 s longer than the provider's",
+    "x-fleet-c": "3 Envoys, LB 60/30/10, fleet limits (the provider's window) and fleet cooldowns",
     "x-fleet-free": "3 Envoys, LB 60/30/10, fleet limits far above the provider's (only cooldowns act)",
     "x-litellm": "3 LiteLLM proxies, LB 60/30/10, the deployment's rpm 90 / tpm 60,000 shared on one Redis",
 }
@@ -173,6 +174,10 @@ FLEET_CONFIGS = {
     "x-fleet": {"pools": POOLS, "fleet": {"cluster": "llm_governor_ratelimit", "timeout_ms": 100},
                 "limits": fleet_limits("fleet")},
 }
+# Issue 31, item 5: the provider's own window in the limits file, and the fleet's cooldowns
+# shared (`fleet.cooldowns`): a provider answer that says its window is spent cools the fleet.
+FLEET_CONFIGS["x-fleet-c"] = dict(FLEET_CONFIGS["x-fleet"], fleet=dict(FLEET_CONFIGS["x-fleet"]["fleet"],
+                                                                      cooldowns=True))
 FLEET_CONFIGS["x-fleet-m"] = FLEET_CONFIGS["x-fleet"]
 FLEET_CONFIGS["x-fleet-free"] = FLEET_CONFIGS["x-fleet"]
 
@@ -464,7 +469,7 @@ class FleetGateway(Gateway):
     services on it (integration/limitador-rls), Envoys 1 and 3 asking one, Envoy 2 the other."""
 
     def __init__(self, key: str, sim: Simulator, artifact: Optional[str] = None):
-        from fleet_rig import TURN_SERVICE_ARGS, Redis, RlsService, fleet_envoy, limits_file
+        from fleet_rig import TURN_SERVICE_ARGS, Redis, RlsService, fleet_envoy, turn_limit
 
         self.key = key
         self.artifact = artifact_of(artifact)
@@ -473,6 +478,10 @@ class FleetGateway(Gateway):
         self.redis = Redis() if key.startswith("x-fleet") else None
         self.limits = fleet_limits_file(margin_s=1 if key == "x-fleet-m" else 0,
                                         scale=100 if key == "x-fleet-free" else 1)
+        cooldowns = self.config.get("fleet", {}).get("cooldowns", False)
+        self.service_args = TURN_SERVICE_ARGS if cooldowns else []
+        if cooldowns:
+            self.limits += turn_limit("llm_governor")
         self.services: list = []
         self.replicas: list = []
         self.lb: Optional[Envoy] = None
@@ -483,7 +492,7 @@ class FleetGateway(Gateway):
         try:
             if self.redis is not None:
                 self.redis.start()
-                self.services = [RlsService(self.redis, self.limits).start() for _ in range(2)]
+                self.services = [RlsService(self.redis, self.limits, self.service_args).start() for _ in range(2)]
                 ports = [self.services[i % 2].port for i in range(3)]
                 self.replicas = [fleet_envoy(self.config, self.sim.port, p, concurrency=1,
                                              artifact=self.artifact).start() for p in ports]

@@ -262,7 +262,7 @@ TPM_FULL = dataclasses.replace(
 # token budget's minute, and the storm measures the gateway's own estimate instead (stop 28's
 # tables, docs/benchmarks-history.md).
 # (x-litellm): three LiteLLM proxies sharing the deployment's rpm/tpm on one Redis (issue 21, item 7).
-FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m", "x-litellm")
+FLEET_CONFIGS = ("x-once", "x-split", "x-fleet", "x-fleet-m", "x-fleet-c", "x-litellm")
 FLEET = Storm(
     name="fleet",
     title="fleet (issue 21): 3 Envoys, LB 60/30/10, 30 SDK clients x 3 calls, provider 30 req / 20 s "
