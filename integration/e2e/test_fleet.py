@@ -382,6 +382,34 @@ def test_an_envoy_learns_another_envoys_cooldown_before_its_own_first_429(simula
         assert fleet.stat("fleet_errors") == 0
 
 
+@fixture_only("fault injection (the fixture's --answer no-check)")
+def test_a_service_without_check_leaves_each_envoy_its_own_first_429_and_says_so(simulator, sim):
+    """Issue 31, faults: a service without Kuadrant's CheckRateLimit (Envoy's RLS alone; the
+    fixture's `--answer no-check`) cannot tell an Envoy that another one cools the account: each
+    Envoy learns the outage from its own first 429, as without the marker, the failed checks are
+    counted in fleet_errors and Envoy's log says once why. Never a hang, and the turn still
+    sends one probe a round for the fleet."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True},
+              "hold": {"max_ms": 20000}}
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS + ["--answer", "no-check"]) as fleet:
+        a, b = fleet.envoys[:2]
+        sim.scenario({"mode": "rate_limited", "retry_after_s": 1.0, "down_until_ms": 1500, "keys": [key],
+                      "limit": {"requests": 1000, "window_ms": 2000}})
+        assert post(a, key, body=body()).status_code == 429
+        time.sleep(0.3)
+        started = time.monotonic()
+        r = post(b, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
+        assert r.status_code == 429 and r.headers.get("x-llm-governor-source") == "upstream", dict(r.headers)
+        assert time.monotonic() - started < 2.0, "the failed check held the request"
+        assert b.pool_stat("openai", "fleet_errors") >= 1
+        said = logged_once(b, "answered CheckRateLimit with UNIMPLEMENTED")
+        assert "its own first 429" in said, said
+        # Both Envoys cool now; after the outage their held calls complete, one probe a round.
+        replies = held_calls([a, b], key)
+        assert replies.count(200) >= 1 and set(replies) <= {200, 429}, replies
+
+
 def test_a_turn_is_handed_off_when_its_holder_has_nothing_left_to_send(simulator, sim):
     """The holder of a (pool, account)'s turn gives it back once it has sent what it held and
     the provider has room, even with no stream of its own left to tick it (the native module

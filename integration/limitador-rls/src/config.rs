@@ -28,9 +28,11 @@ USAGE: limitador-rls [OPTIONS]
   --delay-ms N                     every answer leaves N ms late (default 0)
   --toggle-delay-ms N              the delay SIGUSR1 switches to and back from (default 1000)
   --answer MODE                    ok (default), garbage (bytes that are no protobuf message),
-                                   unavailable (gRPC UNAVAILABLE) or no-reservations (Reserve
+                                   unavailable (gRPC UNAVAILABLE), no-reservations (Reserve
                                    and Commit answer UNIMPLEMENTED, as limitador-server
-                                   released before its reservations does)
+                                   released before its reservations does) or no-check
+                                   (CheckRateLimit answers UNIMPLEMENTED, as a server with
+                                   Envoy's RLS alone does)
   -h, --help / -V, --version
 
 Run time: GET or POST /faults[?delay_ms=N][&answer=MODE] (HTTP/1.1 on the gRPC port) sets what
@@ -131,12 +133,13 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Str
                 s.listen = addr;
             }
             "--limits" => s.limits = Some(PathBuf::from(value()?)),
-            "--limits-poll-ms" => {
-                s.limits_poll = Duration::from_millis(number(flag, &value()?)?)
-            }
+            "--limits-poll-ms" => s.limits_poll = Duration::from_millis(number(flag, &value()?)?),
             "--redis" => {
                 let v = value()?;
-                if !(v.starts_with("redis://") || v.starts_with("redis+unix://") || v.starts_with("unix://")) {
+                if !(v.starts_with("redis://")
+                    || v.starts_with("redis+unix://")
+                    || v.starts_with("unix://"))
+                {
                     return Err(format!("--redis: expected redis://HOST:PORT, got {v:?}"));
                 }
                 s.storage = StorageKind::Redis(v);
@@ -173,7 +176,9 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Str
             "--answer" => {
                 let v = value()?;
                 s.answer = Answer::parse(&v).ok_or_else(|| {
-                    format!("--answer: ok, garbage, unavailable or no-reservations, got {v:?}")
+                    format!(
+                        "--answer: ok, garbage, unavailable, no-reservations or no-check, got {v:?}"
+                    )
                 })?;
             }
             other => return Err(format!("unknown argument {other:?} (see --help)")),
@@ -233,7 +238,10 @@ mod tests {
         };
         assert_eq!(s.listen.port(), 0);
         assert_eq!(s.limits, Some(PathBuf::from("/tmp/l.yaml")));
-        assert_eq!(s.storage, StorageKind::Redis("redis://127.0.0.1:6390".into()));
+        assert_eq!(
+            s.storage,
+            StorageKind::Redis("redis://127.0.0.1:6390".into())
+        );
         assert_eq!(s.redis_timeout, Duration::from_millis(200));
         assert_eq!(s.rate_limit_headers, RateLimitHeaders::DraftVersion03);
         assert_eq!(s.max_reservation_ttl, Duration::from_secs(5));

@@ -29,6 +29,9 @@ pub enum Answer {
     /// `Reserve` and `Commit` fail with gRPC `UNIMPLEMENTED`, the rest answers for real: what
     /// limitador-server released before its reservations answers (and its gossip storage).
     NoReservations = 3,
+    /// `CheckRateLimit` fails with gRPC `UNIMPLEMENTED`, the rest answers for real: a server
+    /// without Kuadrant's `kuadrant.service.ratelimit.v1` service (only Envoy's RLS).
+    NoCheck = 4,
 }
 
 impl Answer {
@@ -38,6 +41,7 @@ impl Answer {
             "garbage" => Some(Answer::Garbage),
             "unavailable" => Some(Answer::Unavailable),
             "no-reservations" => Some(Answer::NoReservations),
+            "no-check" => Some(Answer::NoCheck),
             _ => None,
         }
     }
@@ -48,6 +52,7 @@ impl Answer {
             Answer::Garbage => "garbage",
             Answer::Unavailable => "unavailable",
             Answer::NoReservations => "no-reservations",
+            Answer::NoCheck => "no-check",
         }
     }
 
@@ -56,6 +61,7 @@ impl Answer {
             1 => Answer::Garbage,
             2 => Answer::Unavailable,
             3 => Answer::NoReservations,
+            4 => Answer::NoCheck,
             _ => Answer::Ok,
         }
     }
@@ -95,7 +101,8 @@ impl Faults {
     /// Sets the state a process starts with.
     pub fn init(&self, delay_ms: u64, toggle_delay_ms: u64, answer: Answer) {
         self.start_delay_ms.store(delay_ms, Ordering::Relaxed);
-        self.toggle_delay_ms.store(toggle_delay_ms, Ordering::Relaxed);
+        self.toggle_delay_ms
+            .store(toggle_delay_ms, Ordering::Relaxed);
         self.delay_ms.store(delay_ms, Ordering::Relaxed);
         self.set_answer(answer);
     }
