@@ -166,3 +166,9 @@ pub enum Failure {
     /// The call to the fleet's service with this `seq` could not be sent.
     Call(u32),
 }
+
+/// Set `headers` on the response and record what the access log reads of them.
+pub fn set_headers(effects: &mut Vec<Effect>, headers: Vec<(&'static str, String)>) {
+    effects.push(Effect::AccessLog(crate::reply::access_log(&headers)));
+    effects.push(Effect::SetResponseHeaders(headers));
+}

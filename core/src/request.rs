@@ -146,6 +146,9 @@ pub struct FleetCharge {
     pub reservation: Option<String>,
     /// What the stream used, once known (0: the provider answered an error and counted none).
     pub settled: Option<u64>,
+    /// A fleet slot's hold is taken again at this moment while its stream lasts (None: not a
+    /// slot, or its renewal is under way; `fleet::slots`).
+    pub renew_at_ms: Option<u64>,
 }
 
 /// Until when a request may be held: its arrival plus its hold budget (`deadline`), one
@@ -199,6 +202,12 @@ impl Flow {
     }
 
     /// What fleet limits need of it (made on first use).
+    /// When a fleet slot of this flow is next taken again (`fleet::slots`).
+    pub fn slot_renewal_ms(&self) -> Option<u64> {
+        let fleet = self.fleet.as_ref()?;
+        fleet.charges.iter().filter_map(|c| c.renew_at_ms).min()
+    }
+
     pub fn fleet_mut(&mut self) -> &mut FleetFlow {
         self.fleet.get_or_insert_with(Box::default)
     }

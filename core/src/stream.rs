@@ -90,7 +90,9 @@ impl Stream {
                 Some(*until_ms)
             }
             Stream::AwaitingFleet { ask, .. } => Some(ask.until_ms()),
-            Stream::Held { .. } | Stream::Upstream { .. } => None,
+            // A fleet slot's hold is taken again while the stream lasts.
+            Stream::Upstream { flow, .. } => flow.slot_renewal_ms(),
+            Stream::Held { .. } => None,
         }
     }
 
@@ -352,6 +354,26 @@ impl Streams {
         }
         let drop = size.filter(|n| *n > 0).map(Effect::DropRequestBody);
         Reaction::new(drop.into_iter().collect(), Action::Pause)
+    }
+
+    /// Change the flow of upstream stream `id` with `f` (None: it is not upstream), keeping its
+    /// wait's deadline (a fleet slot's renewal) in step.
+    pub(crate) fn with_upstream<T>(
+        &mut self,
+        id: u32,
+        f: impl FnOnce(&mut Flow) -> T,
+    ) -> Option<T> {
+        let Some(Stream::Upstream { flow, .. }) = self.map.get_mut(&id) else {
+            return None;
+        };
+        if let Some(old) = flow.slot_renewal_ms() {
+            self.due.remove(&(old, id));
+        }
+        let out = f(flow);
+        if let Some(until) = flow.slot_renewal_ms() {
+            self.due.insert((until, id));
+        }
+        Some(out)
     }
 
     /// Move the deadline of a `ReadingBody` stream (some of its body came).

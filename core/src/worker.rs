@@ -6,14 +6,16 @@
 //! `fleet::handoff`, `response`, `reply`); a stream's state lives in `stream` until its end.
 
 use crate::blocked::Blocked;
+use crate::effects;
 pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Reaction, StreamIo};
 use crate::env::{Clock, Env};
 use crate::estimate;
 use crate::fleet::ask::{Admitted, FleetAsk, Progress, Verdict};
 use crate::fleet::calls::{Calls, Done};
 use crate::fleet::grpc::{ServiceReply, NOT_SENT};
-use crate::fleet::handoff;
-use crate::fleet::turn::{self, TurnKey, Turns};
+use crate::fleet::side::FleetSide;
+use crate::fleet::slots;
+use crate::fleet::turn::{self, TurnKey};
 use crate::headers::Headers;
 use crate::hold::{Holds, Outcome};
 use crate::lease::Leases;
@@ -41,9 +43,8 @@ pub struct Worker {
     leases: Leases,
     rng: Box<dyn Random + Send>,
     gauges: GaugeCache,
-    calls: Calls,
-    /// The (pool, account)s whose turn this worker holds (`fleet::turn`).
-    turns: Turns,
+    /// Its calls to the fleet's service, turns and watch (`fleet::side`).
+    fleet: FleetSide,
 }
 
 /// Borrow a worker's parts for one call: `$g` the governor, `$holds` its holds, `$env` the
@@ -87,8 +88,7 @@ impl Worker {
             leases: Leases::default(),
             rng,
             gauges: GaugeCache::default(),
-            calls: Calls::default(),
-            turns: Turns::default(),
+            fleet: FleetSide::default(),
         }
     }
 
@@ -132,20 +132,20 @@ impl Worker {
         let due = [
             self.streams.next_due_ms(),
             self.holds.next_due_ms(),
-            self.turns.next_check_ms(crate::effects::TICK_MS),
+            self.fleet.next_check_ms(),
         ];
         due.into_iter().flatten().min()
     }
 
     /// Nothing waits, nothing is held, no call is owed and no turn is kept: no tick is needed.
     pub fn is_idle(&self) -> bool {
-        !self.streams.waits() && self.holds.is_empty() && !self.calls.owes() && self.turns.is_idle()
+        !self.streams.waits() && self.holds.is_empty() && self.fleet.is_idle()
     }
 
     /// The worker's calls to the fleet's service: the owed ones for the host to send from
     /// its timer (they outlive the stream that owed them), and what the host sent.
     pub fn calls(&mut self) -> &mut Calls {
-        &mut self.calls
+        &mut self.fleet.calls
     }
 
     /// What became of the call `token` of `stream` (None: owed by no stream). For a stream
@@ -157,12 +157,31 @@ impl Worker {
         reply: ServiceReply,
         lent: &mut Lent,
     ) -> Option<(u32, Reaction)> {
-        match self.calls.done(stream, token, reply, lent.metrics)? {
+        match self.fleet.calls.done(stream, token, reply, lent.metrics)? {
             Done::Stream { id, seq } => Some((id, self.fleet_step(id, Some((seq, reply)), lent))),
+            Done::Slot {
+                stream,
+                limit,
+                step,
+                key,
+            } => {
+                let (gov, calls, now) = (&self.gov, &mut self.fleet.calls, (lent.clock)());
+                let of = (stream, limit, step);
+                slots::reply(
+                    gov,
+                    calls,
+                    &mut self.streams,
+                    lent.metrics,
+                    of,
+                    key,
+                    reply,
+                    now,
+                );
+                None
+            }
             done => {
                 borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
-                let (turns, calls) = (&mut self.turns, &mut self.calls);
-                handoff::answered(done, reply, turns, calls, g, &mut env);
+                self.fleet.answered(done, reply, g, &mut env);
                 None
             }
         }
@@ -170,9 +189,7 @@ impl Worker {
 
     /// The host could not send the owed call `seq`: a failed call.
     pub fn call_not_sent(&mut self, seq: u32, lent: &mut Lent) {
-        if let Some(Done::Turn(key)) = self.calls.not_sent(seq, lent.metrics) {
-            self.turns.renewed(key, None);
-        }
+        self.fleet.not_sent(seq, lent.metrics);
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).
@@ -284,7 +301,7 @@ impl Worker {
             responses.on_headers(flow, status, headers, eos, &mut from_upstream, &mut env);
         let mut effects = Vec::new();
         if !decided.told.is_empty() {
-            set_headers(&mut effects, decided.told);
+            effects::set_headers(&mut effects, decided.told);
         }
         if decided.scan_usage {
             *usage = Some(UsageScanner::new());
@@ -292,7 +309,7 @@ impl Worker {
         let governed = match decided.step {
             ResponseStep::Pass => {
                 if decided.cooled {
-                    self.learned(key, lent);
+                    self.fleet.learned(&self.gov, key, lent.store, lent.clock);
                 }
                 return Reaction::new(effects, Action::Continue);
             }
@@ -309,18 +326,10 @@ impl Worker {
             }
         };
         if let Some(g) = governed {
-            set_headers(&mut effects, g.headers);
-            self.learned(key, lent);
+            effects::set_headers(&mut effects, g.headers);
+            self.fleet.learned(&self.gov, key, lent.store, lent.clock);
         }
         Reaction::new(effects, Action::Continue)
-    }
-
-    /// The provider's answer for `key` was governed: what this worker learned, the fleet does.
-    fn learned(&mut self, key: TurnKey, lent: &mut Lent) {
-        if self.gov.fleet().is_some_and(|f| f.cooldowns) {
-            let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
-            handoff::learned(turns, calls, &self.gov, key, lent.store, now);
-        }
     }
 
     /// A part of the response body arrived; `body_size` is what Envoy buffers for the filter.
@@ -366,12 +375,8 @@ impl Worker {
     /// The stream is over (complete, reset or cancelled): forget it if held, give back what it
     /// took, charge what the provider reported, drop its calls still out; twice does nothing.
     pub fn on_end(&mut self, id: u32, lent: &mut Lent) {
-        self.calls.forget(id);
-        if !self.turns.is_empty() {
-            // A native worker may not tick again: the turn a last stream leaves is tended here.
-            let (turns, calls, now) = (&mut self.turns, &mut self.calls, (lent.clock)());
-            handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
-        }
+        self.fleet
+            .ended(id, &self.gov, &self.holds, lent.store, lent.clock);
         let Some(stream) = self.streams.take(id) else {
             return;
         };
@@ -388,7 +393,8 @@ impl Worker {
                 g.admission().undo(&mut flow, &mut env);
                 if let Some(fleet) = gov.fleet() {
                     let pool = flow.pool;
-                    self.calls
+                    self.fleet
+                        .calls
                         .owe_releases(fleet, &gov.cfg, pool, &ask.abandon());
                 }
                 return;
@@ -401,7 +407,8 @@ impl Worker {
         g.responses().on_stream_end(&mut flow, usage, &mut env);
         // The fleet's token budgets settle with the usage: a commit owed to the service.
         if let (Some(fleet), Some(charged)) = (gov.fleet(), &flow.fleet) {
-            self.calls
+            self.fleet
+                .calls
                 .owe_commits(fleet, &gov.cfg, flow.pool, &charged.charges);
         }
     }
@@ -445,6 +452,10 @@ impl Worker {
                 Some(Stream::ReplyPending { .. }) => self.streams.pending_body(id, None, true),
                 // The service never answered within its timeout: the calls still out failed.
                 Some(Stream::AwaitingFleet { .. }) => self.fleet_step(id, None, lent),
+                Some(Stream::Upstream { .. }) => {
+                    slots::renew_due(&self.gov, &mut self.fleet.calls, &mut self.streams, id, now);
+                    continue;
+                }
                 Some(Stream::ReadingBody(read)) => {
                     // The body is slow, or body callbacks never come: admit on what arrived.
                     if !read.seen && !self.body.proven {
@@ -456,8 +467,7 @@ impl Worker {
             };
             out.push((id, reaction));
         }
-        let (turns, calls) = (&mut self.turns, &mut self.calls);
-        handoff::tend(turns, calls, &self.gov, &self.holds, lent.store, now);
+        self.fleet.tend(&self.gov, &self.holds, lent.store, now);
         if !self.holds.is_empty() {
             let left = {
                 borrow_env!(self, lent, Clock::At(now) => g, holds, env);
@@ -500,7 +510,7 @@ impl Worker {
     ) -> Reaction {
         match outcome {
             Outcome::Go(mut flow) => {
-                let (gov, calls, turns) = (&self.gov, &mut self.calls, &mut self.turns);
+                let (gov, calls, turns) = (&self.gov, &mut self.fleet.calls, &mut self.fleet.turns);
                 let (pool, account, store) = (flow.pool, flow.account, store);
                 let turn_ms = || turn::turn_ms(gov.cooldowns().spread_ms(pool, account, store));
                 let asked = gov.fleet().and_then(|fleet| {
@@ -583,7 +593,10 @@ impl Worker {
         lent: &mut Lent,
     ) -> Reaction {
         // What this worker knows of the fleet's cooldown of the account is fresh now.
-        self.turns.watch.checked(TurnKey::of(&flow), (lent.clock)());
+        self.fleet
+            .turns
+            .watch
+            .checked(TurnKey::of(&flow), (lent.clock)());
         let (outcome, now) = {
             let gov = self.gov.clone();
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);
@@ -596,9 +609,11 @@ impl Worker {
                 }) => {
                     if !charges.is_empty() {
                         flow.fleet_mut().charges = charges;
+                        slots::arm(&g.cfg, &mut flow.fleet_mut().charges, env.now());
                     }
                     if let Some(t) = turn {
-                        self.turns
+                        self.fleet
+                            .turns
                             .took_for(&flow, t.reservation, turn_ms, env.now());
                     }
                     return self.let_go(id, flow, true);
@@ -611,8 +626,8 @@ impl Worker {
             }
             g.admission().undo(&mut flow, &mut env);
             if let Some(fleet) = gov.fleet() {
-                self.calls
-                    .owe_releases(fleet, &gov.cfg, flow.pool, &refusal.release);
+                let calls = &mut self.fleet.calls;
+                calls.owe_releases(fleet, &gov.cfg, flow.pool, &refusal.release);
             }
             let outcome = if refusal.denied {
                 let reply = g.replies().reply_for(&flow, &refusal.blocked, &mut env);
@@ -677,15 +692,9 @@ impl Worker {
         self.streams.set(id, Stream::Upstream { flow, usage: None });
         let mut effects = Vec::new();
         if let Some(g) = governed {
-            set_headers(&mut effects, g.headers);
-            self.learned(key, lent);
+            effects::set_headers(&mut effects, g.headers);
+            self.fleet.learned(&self.gov, key, lent.store, lent.clock);
         }
         Reaction::new(effects, Action::Continue)
     }
-}
-
-/// Set `headers` on the response and record what the access log reads of them.
-fn set_headers(effects: &mut Vec<Effect>, headers: Vec<(&'static str, String)>) {
-    effects.push(Effect::AccessLog(reply::access_log(&headers)));
-    effects.push(Effect::SetResponseHeaders(headers));
 }

@@ -123,6 +123,7 @@ fn run_asking(
 
 fn charge(reservation: Option<&str>) -> FleetCharge {
     FleetCharge {
+        renew_at_ms: None,
         limit: 0,
         key: "acme".into(),
         amount: 0, // compared without the amount: see `shape`

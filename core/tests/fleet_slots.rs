@@ -125,3 +125,122 @@ fn a_slot_the_service_cannot_hold_leaves_on_error_local_to_this_envoys_own_cap()
         assert!(h.worker.calls().take_owed().is_empty());
     }
 }
+
+/// `CAP` with a lease of 3 s: a slot's hold is taken again 2 s into it.
+fn short_lease() -> String {
+    CAP.replace("\"slot_lease_ms\": 30000", "\"slot_lease_ms\": 3000")
+}
+
+/// The calls the worker owes now (sent), and the answer `reply` of the one at `at`.
+fn owed(h: &mut Host) -> Vec<llm_governor_core::fleet::grpc::ServiceCall> {
+    h.worker.calls().take_owed()
+}
+
+fn answer_owed(h: &mut Host, call: &llm_governor_core::fleet::grpc::ServiceCall, reply: &[u8]) {
+    let token = 1_000_000 + u64::from(call.seq);
+    h.worker.calls().sent(None, token, call.seq);
+    let r = h.call(|w, lent| w.on_call_done(None, token, ServiceReply::Message(reply), lent));
+    assert!(r.is_none(), "{r:?}");
+}
+
+/// A Commit of 0 of `id`.
+fn gives_back(call: &llm_governor_core::fleet::grpc::ServiceCall, id: &str) -> bool {
+    call.method == Method::Commit
+        && contains(&call.message, id.as_bytes())
+        && call.message.ends_with(&[0x20, 0])
+}
+
+#[test]
+fn a_stream_longer_than_its_lease_takes_its_slot_again_beside_the_old_one() {
+    let mut h = Host::new(&short_lease());
+    let (_, r) = ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    assert!(r.effects.contains(&Effect::ResumeRequest));
+    assert_eq!(
+        h.worker.next_due_ms(),
+        Some(h.now_ms + 2_000),
+        "taken again 2 s into 3 s"
+    );
+    h.advance(1_999);
+    h.tick_reactions();
+    assert!(owed(&mut h).is_empty(), "not before");
+    h.advance(1);
+    h.tick_reactions();
+    let renew = owed(&mut h);
+    assert_eq!(renew.len(), 1, "{renew:?}");
+    assert_eq!(renew[0].method, Method::Reserve);
+    assert!(contains(&renew[0].message, b"acme"));
+    // Granted beside the old hold: the old one is given back, the new one kept.
+    answer_owed(&mut h, &renew[0], &reserve_answer(1, "slot-8"));
+    let after = owed(&mut h);
+    assert!(
+        after.len() == 1 && gives_back(&after[0], "slot-7"),
+        "{after:?}"
+    );
+    assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
+    h.end(3);
+    let end = owed(&mut h);
+    assert!(end.len() == 1 && gives_back(&end[0], "slot-8"), "{end:?}");
+}
+
+#[test]
+fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
+    let mut h = Host::new(&short_lease());
+    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    h.advance(2_000);
+    h.tick_reactions();
+    let renew = owed(&mut h);
+    answer_owed(&mut h, &renew[0], &reserve_answer(2, ""));
+    // The old hold's release and a new Reserve, together.
+    let both = owed(&mut h);
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(
+        gives_back(&both[0], "slot-7") && both[1].method == Method::Reserve,
+        "{both:?}"
+    );
+    // The service saw the Reserve first (still full): asked once more, then granted.
+    answer_owed(&mut h, &both[1], &reserve_answer(2, ""));
+    let last = owed(&mut h);
+    assert!(
+        last.len() == 1 && last[0].method == Method::Reserve,
+        "{last:?}"
+    );
+    answer_owed(&mut h, &last[0], &reserve_answer(1, "slot-9"));
+    assert!(owed(&mut h).is_empty());
+    assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
+    h.end(3);
+    let end = owed(&mut h);
+    assert!(end.len() == 1 && gives_back(&end[0], "slot-9"), "{end:?}");
+    // Taken by a waiting request instead: the stream goes on past its slot, counted.
+    let mut h = Host::new(&short_lease());
+    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    h.advance(2_000);
+    h.tick_reactions();
+    let renew = owed(&mut h);
+    answer_owed(&mut h, &renew[0], &reserve_answer(2, ""));
+    let both = owed(&mut h);
+    answer_owed(&mut h, &both[1], &reserve_answer(2, ""));
+    let last = owed(&mut h);
+    let over = h.count(Counter::FleetCallsOverLimit);
+    answer_owed(&mut h, &last[0], &reserve_answer(2, ""));
+    assert_eq!(h.count(Counter::FleetCallsOverLimit), over + 1);
+    assert_eq!(h.worker.next_due_ms(), None, "not asked again");
+}
+
+#[test]
+fn a_hold_granted_after_its_stream_ended_is_given_back() {
+    let mut h = Host::new(&short_lease());
+    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    h.advance(2_000);
+    h.tick_reactions();
+    let renew = owed(&mut h);
+    h.end(3);
+    let end = owed(&mut h);
+    assert!(end.len() == 1 && gives_back(&end[0], "slot-7"), "{end:?}");
+    answer_owed(&mut h, &renew[0], &reserve_answer(1, "slot-8"));
+    let late = owed(&mut h);
+    assert!(
+        late.len() == 1 && gives_back(&late[0], "slot-8"),
+        "{late:?}"
+    );
+    assert!(contains(&late[0].message, b"acme"), "on the slot's own key");
+}

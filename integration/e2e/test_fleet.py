@@ -508,6 +508,34 @@ def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(si
 
 
 @fixture_only("Reserve / Commit")
+def test_a_call_longer_than_its_lease_keeps_its_fleet_slot(simulator, sim):
+    """Issue 31, item 4: a fleet cap of 1 with a 1.5 s lease, and a call the provider answers
+    after 4 s: its slot's hold is taken again every 1 s while it lasts, so another Envoy's call
+    waits for the first to end, not for its first lease to run out, and the provider never has
+    two in flight (it refuses a second one)."""
+    config = {**cap_config(), "limits": [{"name": "fleet-cap", "key": "account", "max_in_flight": 1,
+                                          "scope": "fleet", "slot_lease_ms": 1500}]}
+    key = new_key()
+    with Fleet(simulator, config, TURN_SERVICE_ARGS) as fleet:  # a hold of 1 of 1
+        a, b = fleet.envoys[:2]
+        sim.scenario({"mode": "ok", "latency_ms": 4000, "max_concurrency": 1, "keys": [key]})
+        first = threading.Thread(target=_swallow, daemon=True,
+                                 args=(lambda: post(a, key, body=body(), timeout=30.0),))
+        first.start()
+        wait_for(lambda: len(sim.requests_for(key)) == 1, timeout_s=10.0)
+        r = post(b, key, body=body(), headers={"x-stainless-timeout": "30"}, timeout=30.0)
+        first.join(10)
+        seen = sim.requests_for(key)
+        assert r.status_code == 200, r.text
+        assert [q["status"] for q in seen] == [200, 200], seen
+        gap_s = (seen[1]["t_ms"] - seen[0]["t_ms"]) / 1000
+        print(f"\nthe second call reached the provider {gap_s:.2f} s after the first (lease 1.5 s, call 4 s)")
+        assert gap_s >= 3.8, f"the slot was free after {gap_s:.2f} s: its lease ran out under a live call"
+        assert sim.requests()["max_in_flight_by_key"][key] == 1
+        assert a.pool_stat("openai", "fleet_errors") == 0
+
+
+@fixture_only("Reserve / Commit")
 def test_a_slot_the_service_clamps_away_is_decided_by_on_error_and_named(simulator, sim):
     """A fleet cap of 1 on a service left at the server's default --max-reservation-fraction
     (0.5): the hold of 1 is clamped to nothing, and the service grants it with no reservation.

@@ -157,9 +157,16 @@ impl Vm {
         let reply = grpc::delivered(status, bytes.as_deref());
         // A call a stream's reaction sent from a tick is answered on the root context.
         let token = u64::from(token);
+        let on_root = stream.is_none();
         let owner = || self.worker.try_borrow_mut().ok()?.calls().stream_of(token);
         let stream = stream.or_else(owner);
         protocol::call_done(self, stream, token, reply);
+        if on_root {
+            // What an owed call's answer owes goes at once (a slot's renewal, a turn taken
+            // again), not at the next tick: from the root context, whose answers outlive every
+            // stream (a call sent from a stream's context is answered to that stream).
+            protocol::send_owed(self);
+        }
         self.tick_as_needed();
     }
 }

@@ -146,6 +146,12 @@ pub fn owed_done(module: &Module, main: &MainThread, callout: u64, answer: &Answ
         idle: false,
     };
     protocol::call_done(&host, None, callout, reply(answer));
+    // What the answer owes goes at once (a slot's renewal, a turn taken again), and the
+    // worker's next deadline (a slot renewed is taken again later) is armed.
+    protocol::send_owed(&host);
+    if let Some(next) = host.with_worker(None, |w, _| w.next_due_ms()) {
+        module.timer.arm(slot, next);
+    }
 }
 
 /// What the service's answer means to the core.

@@ -452,6 +452,7 @@ fn admitted(cfg: &Config, answered: Vec<(Ask, Said)>) -> Admitted {
                     amount: a.amount,
                     reservation,
                     settled: None,
+                    renew_at_ms: None,
                 })
             }
             _ => {}

@@ -35,6 +35,23 @@ pub enum Owner {
     Take { key: TurnKey, until_ms: u64 },
     /// A check whether another Envoy cools a (pool, account) (`watch`).
     Peek(TurnKey),
+    /// A step of stream `stream`'s renewal of its fleet slot of `limit` (`slots`).
+    Slot {
+        stream: u32,
+        limit: usize,
+        step: SlotStep,
+    },
+}
+
+/// A step of a fleet slot's renewal (`slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotStep {
+    /// A new hold beside the old one.
+    Renew,
+    /// A new hold sent with the old one's release (the cap had no room beside it).
+    Retake,
+    /// Once more, the release having reached the service first this time.
+    Last,
 }
 
 /// What an answer the call table was waiting for is for.
@@ -50,6 +67,13 @@ pub enum Done {
     Take { key: TurnKey, until_ms: u64 },
     /// A check of another Envoy's cooldown marker.
     Peek(TurnKey),
+    /// A step of a fleet slot's renewal; `key` is the slot's descriptor key.
+    Slot {
+        stream: u32,
+        limit: usize,
+        step: SlotStep,
+        key: String,
+    },
 }
 
 impl Owner {
@@ -60,7 +84,8 @@ impl Owner {
             | Owner::Turn(_)
             | Owner::Renew { .. }
             | Owner::Take { .. }
-            | Owner::Peek(_) => None,
+            | Owner::Peek(_)
+            | Owner::Slot { .. } => None,
         }
     }
 }
@@ -74,6 +99,8 @@ pub struct Calls {
     taken: Vec<(u32, Owner)>,
     /// Calls out: a few at a time, a list.
     out: Vec<Out>,
+    /// The descriptor key of each slot renewal's call (`Owner::Slot`), by seq.
+    slot_keys: Vec<(u32, String)>,
 }
 
 impl Default for Calls {
@@ -83,6 +110,7 @@ impl Default for Calls {
             owed: Vec::new(),
             taken: Vec::new(),
             out: Vec::new(),
+            slot_keys: Vec::new(),
         }
     }
 }
@@ -107,6 +135,19 @@ impl Calls {
     /// Owe `call` for `owner` (a turn's): its answer comes back from `done`.
     pub fn owe_for(&mut self, owner: Owner, call: ServiceCall) {
         self.owed.push((owner, call));
+    }
+
+    /// Owe a step of a slot's renewal (`Owner::Slot`) about the slot keyed `key`.
+    pub fn owe_slot(&mut self, owner: Owner, call: ServiceCall, key: String) {
+        self.slot_keys.push((call.seq, key));
+        self.owe_for(owner, call);
+    }
+
+    fn slot_key(&mut self, seq: u32) -> String {
+        match self.slot_keys.iter().position(|(s, _)| *s == seq) {
+            Some(at) => self.slot_keys.swap_remove(at).1,
+            None => String::new(),
+        }
     }
 
     /// Owe a commit of each token budget a stream was charged, with what it used.
@@ -178,6 +219,10 @@ impl Calls {
                 metrics.count(key.pool, Counter::FleetErrors);
                 None
             }
+            Owner::Slot { .. } => {
+                self.slot_key(seq);
+                None
+            }
             Owner::Stream(_) => None,
         }
     }
@@ -220,6 +265,16 @@ impl Calls {
                 Some(Done::Take { key, until_ms })
             }
             Owner::Peek(key) => Some(Done::Peek(key)),
+            Owner::Slot {
+                stream,
+                limit,
+                step,
+            } => Some(Done::Slot {
+                stream,
+                limit,
+                step,
+                key: self.slot_key(out.seq),
+            }),
             Owner::Nobody { pool } => {
                 let c = match reply {
                     ServiceReply::Message(_) => Counter::FleetCallsOk,

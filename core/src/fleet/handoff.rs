@@ -157,7 +157,7 @@ pub fn answered(
                 retake(calls, fleet, &gov.cfg, key, until_ms, now);
             }
         }
-        Done::Stream { .. } => {}
+        Done::Stream { .. } | Done::Slot { .. } => {}
     }
 }
 

@@ -220,6 +220,18 @@ impl FleetLimits {
         self.call(seq, Method::Commit, message)
     }
 
+    /// A fleet slot's hold taken again for its lease (`slots`): a Reserve of 1, as at
+    /// admission.
+    pub(crate) fn slot_call(&self, cfg: &Config, charge: &FleetCharge, seq: u32) -> ServiceCall {
+        let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
+        let lease_ms = cfg.limits[charge.limit].slot_lease_ms;
+        self.call(
+            seq,
+            Method::Reserve,
+            rls::reserve(&self.domain, &d, 1, lease_ms),
+        )
+    }
+
     /// A turn taken (or taken again) for `ttl_ms`.
     pub(crate) fn turn_call(&self, key: String, ttl_ms: u64, seq: u32) -> ServiceCall {
         let d = [descriptor_of(TURN_LIMIT, key)];

@@ -22,5 +22,7 @@ pub mod handoff;
 pub mod key;
 pub mod limits;
 pub mod rls;
+pub mod side;
+pub mod slots;
 pub mod turn;
 pub mod watch;
