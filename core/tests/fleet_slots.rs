@@ -182,8 +182,10 @@ fn a_stream_longer_than_its_lease_takes_its_slot_again_beside_the_old_one() {
     assert!(end.len() == 1 && gives_back(&end[0], "slot-8"), "{end:?}");
 }
 
-#[test]
-fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
+/// Stream 3 holds "slot-7" under a 3 s lease; 2 s in, its renewal finds the cap full, and the
+/// service sees the new Reserve before the old hold's release: what the worker owes then (the
+/// Reserve once more).
+fn full_at_renewal() -> (Host, Vec<llm_governor_core::fleet::grpc::ServiceCall>) {
     let mut h = Host::new(&short_lease());
     ask(&mut h, 3, &reserve_answer(1, "slot-7"));
     h.advance(2_000);
@@ -197,13 +199,19 @@ fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
         gives_back(&both[0], "slot-7") && both[1].method == Method::Reserve,
         "{both:?}"
     );
-    // The service saw the Reserve first (still full): asked once more, then granted.
     answer_owed(&mut h, &both[1], &reserve_answer(2, ""));
     let last = owed(&mut h);
     assert!(
         last.len() == 1 && last[0].method == Method::Reserve,
         "{last:?}"
     );
+    (h, last)
+}
+
+#[test]
+fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
+    // Granted the second time.
+    let (mut h, last) = full_at_renewal();
     answer_owed(&mut h, &last[0], &reserve_answer(1, "slot-9"));
     assert!(owed(&mut h).is_empty());
     assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
@@ -211,15 +219,7 @@ fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
     let end = owed(&mut h);
     assert!(end.len() == 1 && gives_back(&end[0], "slot-9"), "{end:?}");
     // Taken by a waiting request instead: the stream goes on past its slot, counted.
-    let mut h = Host::new(&short_lease());
-    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
-    h.advance(2_000);
-    h.tick_reactions();
-    let renew = owed(&mut h);
-    answer_owed(&mut h, &renew[0], &reserve_answer(2, ""));
-    let both = owed(&mut h);
-    answer_owed(&mut h, &both[1], &reserve_answer(2, ""));
-    let last = owed(&mut h);
+    let (mut h, last) = full_at_renewal();
     let over = h.count(Counter::FleetCallsOverLimit);
     answer_owed(&mut h, &last[0], &reserve_answer(2, ""));
     assert_eq!(h.count(Counter::FleetCallsOverLimit), over + 1);

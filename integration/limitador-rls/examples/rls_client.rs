@@ -72,10 +72,7 @@ fn parse() -> Result<Args, String> {
         }
     }
     if pos.len() < 3 {
-        return Err(
-            "usage: rls-client ADDR should|check|report|reserve|commit DOMAIN [k=v[,k=v]] ..."
-                .into(),
-        );
+        return Err("usage: rls-client ADDR should|check|report|reserve|commit DOMAIN [k=v[,k=v]] ...".into());
     }
     a.addr = pos[0].clone();
     a.call = pos[1].clone();
@@ -116,24 +113,9 @@ async fn once(a: &Args, ch: Channel) -> Result<String, tonic::Status> {
         hits_addend: a.hits,
     };
     Ok(match a.call.as_str() {
-        "should" => rls_line(
-            &EnvoyClient::new(ch)
-                .should_rate_limit(rls_req())
-                .await?
-                .into_inner(),
-        ),
-        "check" => rls_line(
-            &KuadrantClient::new(ch)
-                .check_rate_limit(rls_req())
-                .await?
-                .into_inner(),
-        ),
-        "report" => rls_line(
-            &KuadrantClient::new(ch)
-                .report(rls_req())
-                .await?
-                .into_inner(),
-        ),
+        "should" => rls_line(&EnvoyClient::new(ch).should_rate_limit(rls_req()).await?.into_inner()),
+        "check" => rls_line(&KuadrantClient::new(ch).check_rate_limit(rls_req()).await?.into_inner()),
+        "report" => rls_line(&KuadrantClient::new(ch).report(rls_req()).await?.into_inner()),
         "reserve" => {
             let r = KuadrantClient::new(ch)
                 .reserve(ReserveRequest {
@@ -165,11 +147,7 @@ async fn once(a: &Args, ch: Channel) -> Result<String, tonic::Status> {
                 .into_inner();
             format!("released={}", r.reservation_released)
         }
-        other => {
-            return Err(tonic::Status::invalid_argument(format!(
-                "unknown call {other}"
-            )))
-        }
+        other => return Err(tonic::Status::invalid_argument(format!("unknown call {other}"))),
     })
 }
 

@@ -133,13 +133,12 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Str
                 s.listen = addr;
             }
             "--limits" => s.limits = Some(PathBuf::from(value()?)),
-            "--limits-poll-ms" => s.limits_poll = Duration::from_millis(number(flag, &value()?)?),
+            "--limits-poll-ms" => {
+                s.limits_poll = Duration::from_millis(number(flag, &value()?)?)
+            }
             "--redis" => {
                 let v = value()?;
-                if !(v.starts_with("redis://")
-                    || v.starts_with("redis+unix://")
-                    || v.starts_with("unix://"))
-                {
+                if !(v.starts_with("redis://") || v.starts_with("redis+unix://") || v.starts_with("unix://")) {
                     return Err(format!("--redis: expected redis://HOST:PORT, got {v:?}"));
                 }
                 s.storage = StorageKind::Redis(v);
@@ -176,9 +175,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Str
             "--answer" => {
                 let v = value()?;
                 s.answer = Answer::parse(&v).ok_or_else(|| {
-                    format!(
-                        "--answer: ok, garbage, unavailable, no-reservations or no-check, got {v:?}"
-                    )
+                    format!("--answer: ok, garbage, unavailable, no-reservations or no-check, got {v:?}")
                 })?;
             }
             other => return Err(format!("unknown argument {other:?} (see --help)")),
@@ -238,10 +235,7 @@ mod tests {
         };
         assert_eq!(s.listen.port(), 0);
         assert_eq!(s.limits, Some(PathBuf::from("/tmp/l.yaml")));
-        assert_eq!(
-            s.storage,
-            StorageKind::Redis("redis://127.0.0.1:6390".into())
-        );
+        assert_eq!(s.storage, StorageKind::Redis("redis://127.0.0.1:6390".into()));
         assert_eq!(s.redis_timeout, Duration::from_millis(200));
         assert_eq!(s.rate_limit_headers, RateLimitHeaders::DraftVersion03);
         assert_eq!(s.max_reservation_ttl, Duration::from_secs(5));

@@ -71,15 +71,9 @@ mod tests {
     #[test]
     fn a_missing_key_does_not_apply() {
         let ctx = descriptors_context(&[descriptor([("kind", "requests")])]);
-        let l = limit(
-            "descriptors[0]['kind'] == 'tokens'",
-            "descriptors[0].account",
-        );
+        let l = limit("descriptors[0]['kind'] == 'tokens'", "descriptors[0].account");
         assert!(!l.applies(&ctx));
-        let l = limit(
-            "descriptors[0]['kind'] == 'requests'",
-            "descriptors[0].account",
-        );
+        let l = limit("descriptors[0]['kind'] == 'requests'", "descriptors[0].account");
         // The condition holds, but the variable has no value: Limitador makes no counter.
         assert!(l.applies(&ctx));
         assert_eq!(l.resolve_variables(&ctx).unwrap(), None);

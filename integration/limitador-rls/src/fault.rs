@@ -101,8 +101,7 @@ impl Faults {
     /// Sets the state a process starts with.
     pub fn init(&self, delay_ms: u64, toggle_delay_ms: u64, answer: Answer) {
         self.start_delay_ms.store(delay_ms, Ordering::Relaxed);
-        self.toggle_delay_ms
-            .store(toggle_delay_ms, Ordering::Relaxed);
+        self.toggle_delay_ms.store(toggle_delay_ms, Ordering::Relaxed);
         self.delay_ms.store(delay_ms, Ordering::Relaxed);
         self.set_answer(answer);
     }

@@ -107,12 +107,7 @@ impl Limiter {
     }
 
     /// `Report`: add `delta` whatever the counters' values.
-    pub async fn update_counters(
-        &self,
-        ns: &Namespace,
-        ctx: &Context<'_>,
-        delta: u64,
-    ) -> Result<()> {
+    pub async fn update_counters(&self, ns: &Namespace, ctx: &Context<'_>, delta: u64) -> Result<()> {
         match self {
             Limiter::Memory(l) => l.update_counters(ns, ctx, delta),
             Limiter::Redis(l) => l.update_counters(ns, ctx, delta).await,

@@ -30,9 +30,7 @@ pub async fn build_limiter(settings: &Settings) -> Result<Arc<Limiter>, String> 
     };
     let limiter = match &settings.storage {
         StorageKind::Memory => Limiter::memory(reservations),
-        StorageKind::Redis(url) => {
-            Limiter::redis(url, settings.redis_timeout, reservations).await?
-        }
+        StorageKind::Redis(url) => Limiter::redis(url, settings.redis_timeout, reservations).await?,
     };
     if let Some(path) = &settings.limits {
         let limits = load_limits(path)?;
@@ -54,8 +52,7 @@ async fn faults_handler(uri: Uri) -> (StatusCode, String) {
 
 /// Both gRPC services and `/faults`.
 pub fn routes(rls: Rls) -> Routes {
-    let mut routes =
-        Routes::new(EnvoyServer::new(rls.clone())).add_service(KuadrantServer::new(rls));
+    let mut routes = Routes::new(EnvoyServer::new(rls.clone())).add_service(KuadrantServer::new(rls));
     let router = std::mem::take(routes.axum_router_mut());
     *routes.axum_router_mut() = router.route(
         "/faults",
@@ -87,11 +84,7 @@ pub async fn start(settings: &Settings) -> Result<Running, String> {
             settings.redis_timeout * 2,
         ));
     }
-    let rls = Rls::new(
-        limiter,
-        settings.rate_limit_headers,
-        settings.redis_timeout * 2,
-    );
+    let rls = Rls::new(limiter, settings.rate_limit_headers, settings.redis_timeout * 2);
     let server = tonic::transport::Server::builder()
         .accept_http1(true)
         .add_routes(routes(rls))
@@ -103,9 +96,7 @@ pub async fn start(settings: &Settings) -> Result<Running, String> {
 /// Answers go out at once (TCP_NODELAY), as a rate-limit service's must: with Nagle's
 /// algorithm on, a second answer on an HTTP/2 connection waits for the client's delayed ACK of
 /// the first (~40 ms on Linux), which shows as a 40 ms call whenever two calls overlap.
-fn no_delay(
-    conn: std::io::Result<tokio::net::TcpStream>,
-) -> std::io::Result<tokio::net::TcpStream> {
+fn no_delay(conn: std::io::Result<tokio::net::TcpStream>) -> std::io::Result<tokio::net::TcpStream> {
     let conn = conn?;
     conn.set_nodelay(true)?;
     Ok(conn)
@@ -132,13 +123,9 @@ async fn watch_limits(path: PathBuf, every: Duration, limiter: Arc<Limiter>, dea
             Ok(limits) => {
                 let n = limits.len();
                 match tokio::time::timeout(deadline, limiter.configure_with(limits)).await {
-                    Ok(Ok(())) => {
-                        eprintln!("limitador-rls: reloaded {n} limits from {}", path.display())
-                    }
+                    Ok(Ok(())) => eprintln!("limitador-rls: reloaded {n} limits from {}", path.display()),
                     Ok(Err(e)) => eprintln!("limitador-rls: limits not reloaded: {e}"),
-                    Err(_) => {
-                        eprintln!("limitador-rls: limits not reloaded: the storage did not answer")
-                    }
+                    Err(_) => eprintln!("limitador-rls: limits not reloaded: the storage did not answer"),
                 }
             }
         }

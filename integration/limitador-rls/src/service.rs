@@ -353,11 +353,7 @@ mod tests {
     #[tokio::test]
     async fn ok_then_over_limit_with_draft_03_headers() {
         let s = rls(RateLimitHeaders::DraftVersion03).await;
-        let r = s
-            .should_rate_limit(req("ns", "req", 2))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("ns", "req", 2)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert!(r.statuses.is_empty());
         let h = headers(&r);
@@ -366,17 +362,9 @@ mod tests {
         assert_eq!(h[1], ("X-RateLimit-Remaining".into(), "1".into()));
         assert_eq!(h[2].0, "X-RateLimit-Reset");
         // 0 means 1: the third hit fits, the fourth does not.
-        let r = s
-            .should_rate_limit(req("ns", "req", 0))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("ns", "req", 0)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
-        let r = s
-            .should_rate_limit(req("ns", "req", 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("ns", "req", 1)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::OverLimit as i32);
         assert_eq!(headers(&r)[1], ("X-RateLimit-Remaining".into(), "0".into()));
     }
@@ -384,35 +372,19 @@ mod tests {
     #[tokio::test]
     async fn no_headers_by_default_and_no_limit_is_ok() {
         let s = rls(RateLimitHeaders::None).await;
-        let r = s
-            .should_rate_limit(req("ns", "req", 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("ns", "req", 1)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert!(r.response_headers_to_add.is_empty());
-        let r = s
-            .should_rate_limit(req("other", "req", 9))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("other", "req", 9)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
 
     #[tokio::test]
     async fn empty_domain_is_unknown() {
         let s = rls(RateLimitHeaders::DraftVersion03).await;
-        let r = s
-            .should_rate_limit(req("", "req", 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.should_rate_limit(req("", "req", 1)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Unknown as i32);
-        let r = s
-            .check_rate_limit(req("", "req", 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.check_rate_limit(req("", "req", 1)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Unknown as i32);
     }
 
@@ -420,23 +392,12 @@ mod tests {
     async fn check_never_charges_report_always_does() {
         let s = rls(RateLimitHeaders::None).await;
         for _ in 0..5 {
-            let r = s
-                .check_rate_limit(req("ns", "req", 50))
-                .await
-                .unwrap()
-                .into_inner();
+            let r = s.check_rate_limit(req("ns", "req", 50)).await.unwrap().into_inner();
             assert_eq!(r.overall_code, Code::Ok as i32);
         }
-        let r = KuadrantRls::report(&s, req("ns", "req", 7))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = KuadrantRls::report(&s, req("ns", "req", 7)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
-        let r = s
-            .check_rate_limit(req("ns", "req", 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.check_rate_limit(req("ns", "req", 1)).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::OverLimit as i32);
     }
 
@@ -467,11 +428,7 @@ mod tests {
     async fn reserve_holds_and_commit_settles() {
         let s = rls(RateLimitHeaders::None).await;
         // Admission is on the amount asked (80 <= 100); the hold is clamped to 50 (fraction 0.5).
-        let r = s
-            .reserve(reserve_req(80, Some(30_000)))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.reserve(reserve_req(80, Some(30_000))).await.unwrap().into_inner();
         assert_eq!(r.code, Code::Ok as i32);
         assert!(!r.reservation_id.is_empty());
         // 50 held: 60 more does not fit, 50 does.
@@ -481,18 +438,10 @@ mod tests {
         let r3 = s.reserve(reserve_req(50, None)).await.unwrap().into_inner();
         assert_eq!(r3.code, Code::Ok as i32);
         // Settle the first at 30: its hold goes, 30 is counted.
-        let c = s
-            .commit(commit_req(&r.reservation_id, 30))
-            .await
-            .unwrap()
-            .into_inner();
+        let c = s.commit(commit_req(&r.reservation_id, 30)).await.unwrap().into_inner();
         assert!(c.reservation_released);
         // A second commit of the same id finds no hold: it degrades to a report.
-        let c = s
-            .commit(commit_req(&r.reservation_id, 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let c = s.commit(commit_req(&r.reservation_id, 1)).await.unwrap().into_inner();
         assert!(!c.reservation_released);
         // value 31 + held 50 = 81: 19 fits, 20 does not.
         let r4 = s.reserve(reserve_req(20, None)).await.unwrap().into_inner();

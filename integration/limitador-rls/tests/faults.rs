@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use limitador_rls::pb::Code;
 
-const LIMITS: &str =
-    "- {namespace: f, max_value: 1000, seconds: 60, conditions: [], variables: []}\n";
+const LIMITS: &str = "- {namespace: f, max_value: 1000, seconds: 60, conditions: [], variables: []}\n";
 
 struct Instance {
     child: Child,
@@ -53,11 +52,7 @@ fn spawn(args: &[&str]) -> Instance {
 /// One HTTP/1.1 request to `/faults`; returns (status line, body).
 fn http(addr: SocketAddr, method: &str, target: &str) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out.lines().next().unwrap_or("").to_string();

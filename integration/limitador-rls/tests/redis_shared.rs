@@ -29,26 +29,14 @@ const LIMITS: &str = r#"
 
 fn redis(port: u16) -> Child {
     let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server");
     let until = Instant::now() + Duration::from_secs(5);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < until,
-            "redis-server did not start on {port}"
-        );
+        assert!(Instant::now() < until, "redis-server did not start on {port}");
         std::thread::sleep(Duration::from_millis(20));
     }
     child
@@ -67,11 +55,7 @@ async fn instance(url: &str, limits: &std::path::Path) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_redis_and_survive_its_restart() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if Command::new("redis-server").arg("--version").output().is_err() {
         eprintln!("SKIPPED: redis-server is not installed");
         return;
     }
@@ -85,24 +69,11 @@ async fn two_instances_share_redis_and_survive_its_restart() {
     let req = |hits| rls_request("shared", &[("kind", "req"), ("account", "acme")], hits);
 
     // One counter of 5 across both instances.
-    let code =
-        |r: tonic::Response<limitador_rls::pb::RateLimitResponse>| r.into_inner().overall_code;
-    assert_eq!(
-        code(ea.should_rate_limit(req(3)).await.unwrap()),
-        Code::Ok as i32
-    );
-    assert_eq!(
-        code(eb.should_rate_limit(req(2)).await.unwrap()),
-        Code::Ok as i32
-    );
-    assert_eq!(
-        code(ea.should_rate_limit(req(1)).await.unwrap()),
-        Code::OverLimit as i32
-    );
-    assert_eq!(
-        code(eb.should_rate_limit(req(1)).await.unwrap()),
-        Code::OverLimit as i32
-    );
+    let code = |r: tonic::Response<limitador_rls::pb::RateLimitResponse>| r.into_inner().overall_code;
+    assert_eq!(code(ea.should_rate_limit(req(3)).await.unwrap()), Code::Ok as i32);
+    assert_eq!(code(eb.should_rate_limit(req(2)).await.unwrap()), Code::Ok as i32);
+    assert_eq!(code(ea.should_rate_limit(req(1)).await.unwrap()), Code::OverLimit as i32);
+    assert_eq!(code(eb.should_rate_limit(req(1)).await.unwrap()), Code::OverLimit as i32);
 
     // A hold made on A is seen on B, and B can settle it.
     let (mut ka, mut kb) = (kuadrant(a), kuadrant(b));
@@ -111,18 +82,12 @@ async fn two_instances_share_redis_and_survive_its_restart() {
         domain: "shared".into(),
         descriptors: tok(),
         amount,
-        ttl: Some(prost_types::Duration {
-            seconds: 30,
-            nanos: 0,
-        }),
+        ttl: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
     };
     let held = ka.reserve(reserve(50)).await.unwrap().into_inner();
     assert_eq!(held.code, Code::Ok as i32);
     assert!(!held.reservation_id.is_empty());
-    assert_eq!(
-        kb.reserve(reserve(51)).await.unwrap().into_inner().code,
-        Code::OverLimit as i32
-    );
+    assert_eq!(kb.reserve(reserve(51)).await.unwrap().into_inner().code, Code::OverLimit as i32);
     let settled = kb
         .commit(CommitRequest {
             domain: "shared".into(),
@@ -134,10 +99,7 @@ async fn two_instances_share_redis_and_survive_its_restart() {
         .unwrap()
         .into_inner();
     assert!(settled.reservation_released);
-    assert_eq!(
-        ka.reserve(reserve(90)).await.unwrap().into_inner().code,
-        Code::Ok as i32
-    );
+    assert_eq!(ka.reserve(reserve(90)).await.unwrap().into_inner().code, Code::Ok as i32);
 
     // Redis down: UNAVAILABLE, fast, on every call.
     server.kill().unwrap();
@@ -146,11 +108,7 @@ async fn two_instances_share_redis_and_survive_its_restart() {
         let t = Instant::now();
         let err = ea.should_rate_limit(req(1)).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-        assert!(
-            t.elapsed() < Duration::from_millis(600),
-            "took {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_millis(600), "took {:?}", t.elapsed());
         let err = ka.reserve(reserve(1)).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     }
@@ -159,10 +117,7 @@ async fn two_instances_share_redis_and_survive_its_restart() {
     // heartbeat or two the very first call is OK.
     let mut server = redis(port);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        code(ea.should_rate_limit(req(1)).await.unwrap()),
-        Code::Ok as i32
-    );
+    assert_eq!(code(ea.should_rate_limit(req(1)).await.unwrap()), Code::Ok as i32);
     for (name, client) in [("a", &mut ea), ("b", &mut eb)] {
         let until = Instant::now() + Duration::from_secs(3);
         loop {
@@ -173,10 +128,7 @@ async fn two_instances_share_redis_and_survive_its_restart() {
                 }
                 Err(e) => {
                     assert_eq!(e.code(), tonic::Code::Unavailable);
-                    assert!(
-                        Instant::now() < until,
-                        "instance {name} did not recover: {e:?}"
-                    );
+                    assert!(Instant::now() < until, "instance {name} did not recover: {e:?}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
