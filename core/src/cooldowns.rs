@@ -43,6 +43,14 @@ impl<'a> Cooldowns<'a> {
         CooldownRecord::decode(&bytes)
     }
 
+    /// The gate of `pool`'s `account` at `now` as a request with holding on would meet it,
+    /// read-only (None: nothing is recorded).
+    fn gate(&self, pool: usize, account: u64, store: &dyn SharedStore, now: u64) -> Option<Gate> {
+        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
+        let (bytes, _) = store.get(&key).ok().flatten()?;
+        Some(cooldown::pass(CooldownRecord::decode(&bytes)?, now, true).0)
+    }
+
     /// Until when the provider keeps `pool`'s `account` from more traffic, read-only: cooling,
     /// or paced with no release open (None: it has room, or nothing is recorded).
     pub fn busy_until(
@@ -52,9 +60,7 @@ impl<'a> Cooldowns<'a> {
         store: &dyn SharedStore,
         now: u64,
     ) -> Option<u64> {
-        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
-        let (bytes, _) = store.get(&key).ok().flatten()?;
-        match cooldown::pass(CooldownRecord::decode(&bytes)?, now, true).0 {
+        match self.gate(pool, account, store, now)? {
             Gate::Cooling { remaining_ms, .. } => Some(now + remaining_ms),
             Gate::Paced { retry_in_ms } => Some(now + retry_in_ms),
             Gate::Open | Gate::Released => None,
@@ -63,15 +69,10 @@ impl<'a> Cooldowns<'a> {
 
     /// What this Envoy knows of `pool`'s `account` itself (`fleet::watch`).
     pub fn here(&self, pool: usize, account: u64, store: &dyn SharedStore, now: u64) -> Here {
-        let key = keys::cooldown_key(&self.cfg.pools[pool].name, account);
-        let rec = store.get(&key).ok().flatten();
-        match rec.and_then(|(b, _)| CooldownRecord::decode(&b)) {
-            Some(r) => match cooldown::pass(r, now, true).0 {
-                Gate::Cooling { .. } => Here::Cools,
-                Gate::Paced { .. } | Gate::Released => Here::Paces,
-                Gate::Open => Here::Quiet,
-            },
-            None => Here::Quiet,
+        match self.gate(pool, account, store, now) {
+            Some(Gate::Cooling { .. }) => Here::Cools,
+            Some(Gate::Paced { .. } | Gate::Released) => Here::Paces,
+            Some(Gate::Open) | None => Here::Quiet,
         }
     }
 
