@@ -278,6 +278,8 @@ pub const KEY_OF_IDS: &str = "k:h";
 pub const COOLDOWN_KEY_COUNT: &str = "k:c";
 /// Counts the boards of held requests' turns (`board_key`), within `max_keys` too.
 pub const BOARD_KEY_COUNT: &str = "k:o";
+/// The Envoy's record of the fleet's cooling marker (`fleet::watch::Marker`), one key.
+pub const MARKER_KEY: &str = "w:fleet";
 
 #[cfg(test)]
 mod tests {

@@ -81,6 +81,7 @@ impl Worker {
     /// A worker that draws its jitter from `rng` (tests fix it).
     pub fn with_random(gov: Arc<Governor>, mut rng: Box<dyn Random + Send>) -> Worker {
         Worker {
+            fleet: FleetSide::new(&gov),
             gov,
             streams: Streams::default(),
             holds: Holds::new(rng.unit().to_bits()),
@@ -88,7 +89,6 @@ impl Worker {
             leases: Leases::default(),
             rng,
             gauges: GaugeCache::default(),
-            fleet: FleetSide::default(),
         }
     }
 
@@ -137,9 +137,10 @@ impl Worker {
         due.into_iter().flatten().min()
     }
 
-    /// Nothing waits, nothing is held, no call is owed and no turn is kept: no tick is needed.
-    pub fn is_idle(&self) -> bool {
-        !self.streams.waits() && self.holds.is_empty() && self.fleet.is_idle()
+    /// How often a host should tick (`FleetSide::tick_ms`); None: no tick is needed.
+    pub fn tick_ms(&self) -> Option<u64> {
+        let busy = self.streams.waits() || !self.holds.is_empty();
+        self.fleet.tick_ms(busy)
     }
 
     /// The worker's calls to the fleet's service: the owed ones for the host to send from
@@ -514,7 +515,8 @@ impl Worker {
                 let (pool, account, store) = (flow.pool, flow.account, store);
                 let turn_ms = || turn::turn_ms(gov.cooldowns().spread_ms(pool, account, store));
                 let asked = gov.fleet().and_then(|fleet| {
-                    FleetAsk::begin(fleet, &gov.cfg, calls, turns, &mut flow, clock, turn_ms)
+                    let host = (clock, store);
+                    FleetAsk::begin(fleet, &gov.cfg, calls, turns, &mut flow, host, turn_ms)
                 });
                 let Some((ask, calls)) = asked else {
                     return self.let_go(id, flow, at.from_tick);
@@ -562,6 +564,7 @@ impl Worker {
         let Some((flow, body_ended, mut ask)) = self.streams.take_fleet(id) else {
             return Reaction::pause(); // late: the stream went on without it
         };
+        let peeked = ask.peeks();
         let progress = {
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, _holds, env);
             g.fleet()
@@ -572,7 +575,8 @@ impl Worker {
         };
         let effects = match progress {
             Progress::Done(verdict) => {
-                return self.fleet_verdict(id, flow, body_ended, verdict, lent)
+                self.fleet.answered_about(&flow, peeked, lent.clock);
+                return self.fleet_verdict(id, flow, body_ended, verdict, lent);
             }
             Progress::Waiting => Vec::new(),
             Progress::Send(calls) => calls.into_iter().map(Effect::CallService).collect(),
@@ -592,11 +596,6 @@ impl Worker {
         verdict: Verdict,
         lent: &mut Lent,
     ) -> Reaction {
-        // What this worker knows of the fleet's cooldown of the account is fresh now.
-        self.fleet
-            .turns
-            .watch
-            .checked(TurnKey::of(&flow), (lent.clock)());
         let (outcome, now) = {
             let gov = self.gov.clone();
             borrow_env!(self, lent, Clock::lazy(lent.clock) => g, holds, env);

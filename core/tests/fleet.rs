@@ -290,7 +290,7 @@ fn a_token_budget_reserves_its_estimate_and_commits_what_was_used() {
         "{:?}",
         owed[0].message
     );
-    assert!(!h.worker.is_idle() || h.worker.calls().take_owed().is_empty());
+    assert!(h.worker.tick_ms().is_some() || h.worker.calls().take_owed().is_empty());
 }
 
 #[test]

@@ -12,29 +12,36 @@ use common::provider::{A, PATH, RL};
 use common::*;
 use llm_governor_core::effects::{Action, Effect, Reaction};
 use llm_governor_core::fleet::grpc::{Method, ServiceCall, ServiceReply};
+use llm_governor_core::fleet::watch::PEEK_MS;
 use llm_governor_core::metrics::Counter;
 use llm_governor_core::worker::Stage;
 
 const CFG: &str = r#"{"fleet": {"cluster": "rls", "timeout_ms": 50, "cooldowns": true}, "hold": {"max_ms": 10000}}"#;
 
 /// The service's limit `llm_governor_turn`: one hold at a time, until its ttl; and its limit
-/// `llm_governor_cooling` (`max_value: 1`, `seconds: 1`), a fixed window from its first hit.
+/// `llm_governor_cooling` (`max_value: 1`, `seconds: 1`), a fixed window from its first hit,
+/// for the account's key and the fleet's (`*`).
 #[derive(Default)]
 struct TurnService {
     holder: Option<(String, u64)>,
     issued: u32,
     down: bool,
-    /// The marker's window ends here (its count is 1 until then).
-    marked_until: u64,
-    /// The checks of the marker, and the hits on it.
+    /// The account's marker, then the fleet's: its window ends here (its count is 1 until then).
+    marked_until: [u64; 2],
+    /// The checks of the account's marker and the hits on it; the same of the fleet's.
     peeks: u32,
     marks: u32,
+    any_peeks: u32,
+    any_marks: u32,
 }
 
 fn is_marker(call: &ServiceCall) -> bool {
-    call.message
-        .windows(b"llm_governor_cooling".len())
-        .any(|w| w == b"llm_governor_cooling")
+    contains(&call.message, b"llm_governor_cooling")
+}
+
+/// Which marker a call is about: the account's (0) or the fleet's (1, the value `*`).
+fn marker(call: &ServiceCall) -> usize {
+    usize::from(contains(&call.message, &[0x12, 1, b'*']))
 }
 
 impl TurnService {
@@ -60,19 +67,21 @@ impl TurnService {
                 vec![0x08, 1]
             }
             Method::ShouldRateLimit if is_marker(call) => {
-                self.marks += 1;
-                if self.marked_until > now {
+                let m = marker(call);
+                *[&mut self.marks, &mut self.any_marks][m] += 1;
+                if self.marked_until[m] > now {
                     rls_answer(2, None)
                 } else {
-                    self.marked_until = now + 1_000;
+                    self.marked_until[m] = now + 1_000;
                     rls_answer(1, None)
                 }
             }
             Method::ShouldRateLimit => rls_answer(1, None),
             Method::CheckRateLimit => {
-                assert!(is_marker(call), "only the marker is checked");
-                self.peeks += 1;
-                rls_answer(if self.marked_until > now { 2 } else { 1 }, None)
+                assert!(is_marker(call), "only the markers are checked");
+                let m = marker(call);
+                *[&mut self.peeks, &mut self.any_peeks][m] += 1;
+                rls_answer(if self.marked_until[m] > now { 2 } else { 1 }, None)
             }
         })
     }
@@ -143,8 +152,15 @@ fn pump(h: &mut Host, svc: &mut TurnService, id: u32, r: Reaction) -> Vec<Reacti
     out
 }
 
-/// Send the calls a host owes the service (commits, a turn given back) and answer them.
+/// Send the calls a host owes the service (commits, a turn given back) and answer them, and
+/// what their answers owe, as the hosts do.
 fn pump_owed(h: &mut Host, svc: &mut TurnService) {
+    while h.worker.calls().owes() {
+        pump_owed_once(h, svc);
+    }
+}
+
+fn pump_owed_once(h: &mut Host, svc: &mut TurnService) {
     for call in h.worker.calls().take_owed() {
         let token = 1_000_000 + u64::from(call.seq);
         h.worker.calls().sent(None, token, call.seq);
@@ -185,8 +201,8 @@ fn request(h: &mut Host, svc: &mut TurnService, id: u32) -> bool {
         .any(|r| r.action == Action::Continue || r.effects.contains(&Effect::ResumeRequest))
 }
 
-/// Three Envoys whose first requests all went before any answer came (each checked the fleet's
-/// marker on its way: nothing cooled), each met the provider's 429 (`retry-after: 1`), and
+/// Three Envoys whose first requests all went before any answer came (nothing cooled: they
+/// asked nothing on their way), each met the provider's 429 (`retry-after: 1`), and
 /// each holds a request of the account (stream 2) through it.
 fn cooled_fleet(svc: &mut TurnService) -> Vec<Host> {
     let mut fleet: Vec<Host> = (0..3).map(|_| Host::new(CFG)).collect();
@@ -287,11 +303,11 @@ fn with_the_service_down_each_envoy_keeps_its_own_cooldown_and_says_so() {
         vec![vec![2], vec![2], vec![2]],
         "one probe per Envoy, as without a fleet"
     );
-    // Each Envoy counts what failed: the check of the first request, then the mark and the
-    // turn taken at its 429, then its probe's turn; two fell back to its own cooldown.
+    // Each Envoy counts what failed: the two marks and the turn taken at its 429, the timer's
+    // check of the fleet's marker, then its probe's turn, which fell back to its own cooldown.
     for h in &fleet {
-        assert_eq!(h.metrics.count_of(0, Counter::FleetFallback), 2);
-        assert_eq!(h.metrics.count_of(0, Counter::FleetErrors), 4);
+        assert_eq!(h.metrics.count_of(0, Counter::FleetFallback), 1);
+        assert_eq!(h.metrics.count_of(0, Counter::FleetErrors), 5);
     }
 }
 
@@ -309,30 +325,20 @@ fn goes_asking_nothing(h: &mut Host, id: u32) {
 fn nothing_is_asked_on_a_requests_way_while_nothing_is_cooling() {
     let mut svc = TurnService::default();
     let mut h = Host::new(CFG);
-    // The first request of the account checks the fleet's marker on its way (nothing looked
-    // at it yet); the ones after it ask nothing.
-    let r = h.request_headers(10, &[A], true);
-    let calls: Vec<_> = r
-        .effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::CallService(c) => Some(c.method),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(calls, vec![Method::CheckRateLimit]);
-    assert!(request(&mut h, &mut svc, 11));
-    for id in 12..20 {
+    // From the start the worker's timer checks the fleet's marker every PEEK_MS; no request
+    // asks anything, the first of the account included, and no account's marker is checked.
+    for id in 10..30 {
         goes_asking_nothing(&mut h, id);
-    }
-    // From then on the worker's timer checks it every PEEK_MS, and requests still ask nothing.
-    for id in 20..40 {
         h.advance(50);
         tick(&mut h, &mut svc);
-        goes_asking_nothing(&mut h, id);
     }
-    assert_eq!(svc.peeks, 10, "one check per PEEK_MS over 1 s");
-    assert_eq!(svc.marks, 0);
+    assert_eq!(svc.any_peeks, 10, "one check per PEEK_MS over 1 s");
+    assert_eq!((svc.peeks, svc.marks, svc.any_marks), (0, 0, 0));
+    assert_eq!(
+        h.worker.tick_ms(),
+        Some(PEEK_MS),
+        "an idle worker ticks every PEEK_MS"
+    );
 }
 
 #[test]
@@ -343,25 +349,31 @@ fn an_envoy_learns_another_envoys_cooldown_before_its_own_first_429() {
     assert!(request(&mut warm, &mut svc, 1));
     warm.respond(1, 200, &[], "{}");
     warm.end(1);
-    // `a` meets the provider's 429: it marks the account for the fleet and takes its turn.
+    // `a` meets the provider's 429: it marks the account and the fleet, and takes its turn.
     assert!(request(&mut a, &mut svc, 1));
     a.respond(1, 429, &[("retry-after", "1")], RL);
     a.end(1);
     pump_owed(&mut a, &mut svc);
-    assert_eq!(svc.marks, 1);
+    assert_eq!((svc.marks, svc.any_marks), (1, 1));
     assert!(svc.holder.is_some(), "the turn is taken at the 429");
-    // Within PEEK_MS the warm Envoy's timer finds the marker: its next request is held, and
-    // asks for the turn (which `a` holds), instead of meeting a 429 of its own.
+    // Within PEEK_MS each timer finds the fleet's marker; the warm Envoy checks the account's
+    // at once: its next request is held, and asks for the turn (which `a` holds), instead of
+    // meeting a 429 of its own.
     for h in [&mut a, &mut warm, &mut cold] {
         h.advance(100);
     }
-    let peeks = svc.peeks;
     tick(&mut warm, &mut svc);
-    assert_eq!(svc.peeks, peeks + 1, "one check from the timer");
+    assert_eq!(
+        (svc.any_peeks, svc.peeks),
+        (1, 1),
+        "the fleet's, then the account's"
+    );
     assert!(!request(&mut warm, &mut svc, 2));
     assert_eq!(warm.worker.stage(2), Stage::Held);
-    // The cold Envoy's first request checks the marker on its way: held too.
+    // The cold Envoy's first request checks the account's marker on its way: held too.
+    tick(&mut cold, &mut svc);
     assert!(!request(&mut cold, &mut svc, 2));
+    assert_eq!(svc.peeks, 2);
     assert_eq!(cold.worker.stage(2), Stage::Held);
     // Through the cooldown `a` keeps the account marked, and nobody else sends.
     assert!(matches!(a.arrive(2, PATH, &[A]), Step::Held));
@@ -394,9 +406,10 @@ fn a_success_that_says_the_window_is_spent_cools_the_fleet_too() {
     a.respond(1, 200, &spent, "{}");
     a.end(1);
     pump_owed(&mut a, &mut svc);
-    assert_eq!(svc.marks, 1);
+    assert_eq!((svc.marks, svc.any_marks), (1, 1));
     assert!(svc.holder.is_some(), "the turn is taken");
-    // `b` finds the marker within PEEK_MS and holds its next request.
+    // `b` finds the fleet's marker within PEEK_MS, then the account's, and holds its next
+    // request.
     b.advance(100);
     tick(&mut b, &mut svc);
     assert!(!request(&mut b, &mut svc, 2));

@@ -7,7 +7,7 @@ mod abi;
 mod adapters;
 
 use adapters::{HostLogger, HostStats, HostStore};
-use llm_governor_core::effects::{from_upstream, Direction, Lent, StreamIo, TICK_MS};
+use llm_governor_core::effects::{from_upstream, Direction, Lent, StreamIo};
 use llm_governor_core::fleet::grpc::{self, ServiceCall};
 use llm_governor_core::headers::Headers;
 use llm_governor_core::metrics::{Catalogue, Sink};
@@ -31,7 +31,8 @@ proxy_wasm::main! {{
 struct Vm {
     worker: RefCell<Worker>,
     stats: Catalogue<u32>,
-    ticking: Cell<bool>,
+    /// The tick period set now, in ms (0: no tick).
+    ticking: Cell<u32>,
     /// The root context's id: calls that outlive a stream are sent from it.
     root: u32,
     /// The fleet's cluster, when fleet limits are configured.
@@ -123,12 +124,15 @@ impl StreamOps for Effective {
 }
 
 impl Vm {
-    /// A worker ticks only while it holds or waits for something.
+    /// A worker ticks only while it holds, waits for or watches something, as often as that
+    /// needs (`Worker::tick_ms`).
     fn tick_as_needed(&self) {
-        let busy = self.worker.try_borrow().is_ok_and(|w| !w.is_idle());
-        let period = if busy { TICK_MS as u32 } else { 0 };
-        if busy != self.ticking.get() && abi::set_tick_period_ms(period).is_ok() {
-            self.ticking.set(busy);
+        let Ok(period) = self.worker.try_borrow().map(|w| w.tick_ms().unwrap_or(0)) else {
+            return; // mid-callback: the callback's end looks again
+        };
+        let period = u32::try_from(period).unwrap_or(u32::MAX);
+        if period != self.ticking.get() && abi::set_tick_period_ms(period).is_ok() {
+            self.ticking.set(period);
         }
     }
 
@@ -239,10 +243,14 @@ impl RootContext for Root {
         self.vm = Some(Rc::new(Vm {
             stats: adapters::define_stats(&gov.cfg),
             worker: RefCell::new(Worker::new(Arc::new(gov), adapters::seed())),
-            ticking: Cell::new(false),
+            ticking: Cell::new(0),
             root: self.id,
             cluster: cluster.unwrap_or_default(),
         }));
+        // A worker that watches the fleet's cooldowns ticks from now on (`fleet::watch`).
+        if let Some(vm) = &self.vm {
+            vm.tick_as_needed();
+        }
         true
     }
 

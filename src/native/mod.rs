@@ -94,7 +94,7 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
     };
     let stats = Stats::define(cfg, &gov.cfg);
     let workers = abi::concurrency().max(1) as usize;
-    let slots = (0..workers)
+    let slots: Vec<Slot> = (0..workers)
         .map(|_| Slot {
             state: Mutex::new(SlotState {
                 worker: Worker::new(gov.clone(), adapters::seed()),
@@ -105,6 +105,15 @@ fn config_new(cfg: &ConfigHandle, _name: &[u8], json: &[u8]) -> Option<Arc<Modul
         .collect();
     let idle = fleet.as_ref().and_then(|_| ConfigScheduler::new(cfg));
     let timer = timer::Timer::start(workers, idle)?;
+    // A worker that watches the fleet's cooldowns ticks from now on (`fleet::watch`).
+    for (w, slot) in slots.iter().enumerate() {
+        let next = slot
+            .state
+            .lock()
+            .ok()
+            .and_then(|st| st.worker.next_due_ms());
+        timer.arm(w, next);
+    }
     Some(Arc::new(Module {
         stats,
         slots,

@@ -15,6 +15,7 @@ use crate::env::{Clock, Env};
 use crate::metrics::{Counter, Histogram};
 use crate::request::{FleetCharge, Flow};
 use crate::retry_after::Random;
+use crate::store::SharedStore;
 use std::sync::atomic::AtomicBool;
 
 /// How soon a request the fleet had no slot for asks again, on average (a slot frees when a
@@ -138,12 +139,12 @@ impl FleetAsk {
         calls: &mut Calls,
         turns: &mut Turns,
         flow: &mut Flow,
-        clock: &Clock,
+        (clock, store): (&Clock, &dyn SharedStore),
         turn_ms: impl FnOnce() -> u64,
     ) -> Option<(FleetAsk, Vec<ServiceCall>)> {
         let turn = fleet
             .cooldowns
-            .then(|| turn_ask(turns, flow, clock.now(), turn_ms))
+            .then(|| turn_ask(turns, flow, (clock.now(), store), turn_ms))
             .flatten();
         if fleet.limits().is_empty() && turn.is_none() {
             return None;
@@ -151,6 +152,11 @@ impl FleetAsk {
         flow.hold.fix(|| clock.now());
         let first_seq = calls.reserve(FleetAsk::calls_of(fleet, turn.is_some()));
         FleetAsk::start(fleet, cfg, flow, turn, first_seq, clock.now())
+    }
+
+    /// Whether one of its asks checks the (pool, account)'s cooling marker.
+    pub fn peeks(&self) -> bool {
+        self.asks.iter().any(|a| a.of == Of::Peek)
     }
 
     /// Ask the service for every fleet limit of `flow`: the asks numbered from `first_seq`
@@ -386,11 +392,11 @@ impl FleetAsk {
 fn turn_ask(
     turns: &mut Turns,
     flow: &Flow,
-    now: u64,
+    (now, store): (u64, &dyn SharedStore),
     turn_ms: impl FnOnce() -> u64,
 ) -> Option<TurnAsk> {
     let key = TurnKey::of(flow);
-    let unseen = turns.watch.sent(key, now);
+    let unseen = turns.watch.sent(key, now, store);
     if turns.holds(key, now) {
         return None;
     }

@@ -35,6 +35,8 @@ pub enum Owner {
     Take { key: TurnKey, until_ms: u64 },
     /// A check whether another Envoy cools a (pool, account) (`watch`).
     Peek(TurnKey),
+    /// A check whether anything cools in the fleet (`watch`), counted on this pool.
+    PeekAny { pool: usize },
     /// A step of stream `stream`'s renewal of its fleet slot of `limit` (`slots`).
     Slot {
         stream: u32,
@@ -67,6 +69,8 @@ pub enum Done {
     Take { key: TurnKey, until_ms: u64 },
     /// A check of another Envoy's cooldown marker.
     Peek(TurnKey),
+    /// A check of the fleet's marker, counted on `pool`.
+    PeekAny { pool: usize },
     /// A step of a fleet slot's renewal; `key` is the slot's descriptor key.
     Slot {
         stream: u32,
@@ -85,6 +89,7 @@ impl Owner {
             | Owner::Renew { .. }
             | Owner::Take { .. }
             | Owner::Peek(_)
+            | Owner::PeekAny { .. }
             | Owner::Slot { .. } => None,
         }
     }
@@ -210,7 +215,7 @@ impl Calls {
     /// The host could not send the owed call `seq`: a failed call.
     pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) -> Option<Done> {
         match self.untake(seq)? {
-            Owner::Nobody { pool } => {
+            Owner::Nobody { pool } | Owner::PeekAny { pool } => {
                 metrics.count(pool, Counter::FleetErrors);
                 None
             }
@@ -265,6 +270,7 @@ impl Calls {
                 Some(Done::Take { key, until_ms })
             }
             Owner::Peek(key) => Some(Done::Peek(key)),
+            Owner::PeekAny { pool } => Some(Done::PeekAny { pool }),
             Owner::Slot {
                 stream,
                 limit,

@@ -8,7 +8,7 @@ use super::grpc::ServiceReply;
 use super::limits::{FleetLimits, Grant, Of};
 use super::rls::{self, Code};
 use super::turn::{self, Tend, TurnKey, Turns};
-use super::watch::{Here, Look};
+use super::watch::{Here, Look, ANY_KEY};
 use crate::config::Config;
 use crate::env::Env;
 use crate::hold::Holds;
@@ -31,23 +31,7 @@ pub fn tend(
     let (Some(fleet), cfg) = (gov.fleet(), &gov.cfg) else {
         return;
     };
-    if fleet.cooldowns && !turns.watch.is_empty() {
-        let here = |k: TurnKey| gov.cooldowns().here(k.pool, k.account, store, now);
-        for look in turns.watch.due(now, here) {
-            let seq = calls.reserve(1);
-            let (owner, call) = match look {
-                Look::Peek(k) => (Owner::Peek(k), fleet.peek_call(k.descriptor_key(cfg), seq)),
-                Look::Mark(k) => {
-                    let pool = k.pool;
-                    (
-                        Owner::Nobody { pool },
-                        fleet.mark_call(k.descriptor_key(cfg), seq),
-                    )
-                }
-            };
-            calls.owe_for(owner, call);
-        }
-    }
+    look(turns, calls, gov, store, now);
     if turns.is_empty() {
         return;
     }
@@ -65,6 +49,32 @@ pub fn tend(
         };
         let seq = calls.reserve(1);
         calls.owe_for(owner, fleet.release_call(cfg, &grant, seq));
+    }
+}
+
+/// Owe the service what the watch has due at `now` (`Watch::due`): checks of the fleet's
+/// marker and of (pool, account)s' markers, marks of what cools here.
+fn look(turns: &mut Turns, calls: &mut Calls, gov: &Governor, store: &dyn SharedStore, now: u64) {
+    let (Some(fleet), cfg) = (gov.fleet().filter(|f| f.cooldowns), &gov.cfg) else {
+        return;
+    };
+    let here = |k: TurnKey| gov.cooldowns().here(k.pool, k.account, store, now);
+    for look in turns.watch.due(now, store, here) {
+        let (owner, key) = match look {
+            Look::PeekAny => (
+                Owner::PeekAny {
+                    pool: unmatched(cfg),
+                },
+                ANY_KEY.into(),
+            ),
+            Look::Peek(k) => (Owner::Peek(k), k.descriptor_key(cfg)),
+            Look::Mark(k) => {
+                mark(calls, fleet, cfg, k);
+                continue;
+            }
+        };
+        let seq = calls.reserve(1);
+        calls.owe_for(owner, fleet.peek_call(key, seq));
     }
 }
 
@@ -87,12 +97,7 @@ pub fn learned(
     if !cools || !turns.watch.learned(key, now) {
         return;
     }
-    let seq = calls.reserve(1);
-    let pool = key.pool;
-    calls.owe_for(
-        Owner::Nobody { pool },
-        fleet.mark_call(key.descriptor_key(cfg), seq),
-    );
+    mark(calls, fleet, cfg, key);
     if !turns.holds(key, now) {
         let ttl_ms = turn::turn_ms(cooldowns.spread_ms(key.pool, key.account, store));
         let seq = calls.reserve(1);
@@ -100,6 +105,20 @@ pub fn learned(
         let call = fleet.turn_call(key.descriptor_key(cfg), ttl_ms, seq);
         calls.owe_for(Owner::Take { key, until_ms }, call);
     }
+}
+
+/// `key` cools here: its marker and the fleet's are hit (`watch`).
+fn mark(calls: &mut Calls, fleet: &FleetLimits, cfg: &Config, key: TurnKey) {
+    let pool = key.pool;
+    for marker in [key.descriptor_key(cfg), ANY_KEY.into()] {
+        let seq = calls.reserve(1);
+        calls.owe_for(Owner::Nobody { pool }, fleet.mark_call(marker, seq));
+    }
+}
+
+/// The pool the fleet's marker is counted on: the unmatched pool, `default`, last.
+fn unmatched(cfg: &Config) -> usize {
+    cfg.pools.len() - 1
 }
 
 /// The old hold of a turn being taken again is gone: take it until `until_ms` (its answer
@@ -141,15 +160,16 @@ pub fn answered(
             }
         }
         Done::Peek(key) => {
-            let said = over_limit(reply);
-            let counter = match said {
-                Some(true) => Counter::FleetCallsOverLimit,
-                Some(false) => Counter::FleetCallsOk,
-                None => Counter::FleetErrors,
-            };
-            env.metrics.count(key.pool, counter);
-            if said == Some(true) {
+            if found(reply, key.pool, env) == Some(true) {
                 gov.cooldowns().held_elsewhere(key.pool, key.account, env);
+            }
+        }
+        Done::PeekAny { pool } => {
+            // Found where nothing was known to cool: the (pool, account)s watched are checked
+            // now, not at the timer's next look.
+            let said = found(reply, pool, env);
+            if turns.watch.answered(said, now, env.store) {
+                look(turns, calls, gov, env.store, now);
             }
         }
         Done::Renew { key, until_ms } => {
@@ -161,8 +181,20 @@ pub fn answered(
     }
 }
 
-/// Whether a check's answer is over its limit; None for a failed or unreadable one (counted:
-/// the Envoy goes on as without a fleet).
+/// Whether a check of a marker found it (over its limit), counted on `pool`; None for a failed
+/// or unreadable answer (the Envoy goes on as without a fleet).
+fn found(reply: ServiceReply, pool: usize, env: &mut Env) -> Option<bool> {
+    let said = over_limit(reply);
+    let counter = match said {
+        Some(true) => Counter::FleetCallsOverLimit,
+        Some(false) => Counter::FleetCallsOk,
+        None => Counter::FleetErrors,
+    };
+    env.metrics.count(pool, counter);
+    said
+}
+
+/// Whether a check's answer is over its limit; None for a failed or unreadable one.
 fn over_limit(reply: ServiceReply) -> Option<bool> {
     match reply {
         ServiceReply::Message(bytes) => match rls::decode_response(bytes).ok()?.code {

@@ -7,29 +7,45 @@ use super::calls::{Calls, Done};
 use super::grpc::ServiceReply;
 use super::handoff;
 use super::turn::{TurnKey, Turns};
+use super::watch::PEEK_MS;
 use crate::effects::TICK_MS;
 use crate::env::Env;
 use crate::hold::Holds;
 use crate::metrics::Metrics;
 use crate::policy::Governor;
+use crate::request::Flow;
 use crate::store::SharedStore;
 
-#[derive(Default)]
 pub struct FleetSide {
     pub calls: Calls,
-    /// The (pool, account)s whose turn this worker holds, and those it watches.
+    /// The (pool, account)s whose turn this worker holds, and what it watches.
     pub turns: Turns,
 }
 
 impl FleetSide {
+    /// A worker's side of `gov`'s fleet: with `fleet.cooldowns` it watches the fleet's marker
+    /// from the start.
+    pub fn new(gov: &Governor) -> FleetSide {
+        let cooldowns = gov.fleet().is_some_and(|f| f.cooldowns);
+        FleetSide {
+            calls: Calls::default(),
+            turns: Turns::new(cooldowns),
+        }
+    }
+
     /// When a tick next has something to do here (a turn to tend, a marker to check).
     pub fn next_check_ms(&self) -> Option<u64> {
         self.turns.next_check_ms(TICK_MS)
     }
 
-    /// No call is owed, no turn is kept and nothing is watched.
-    pub fn is_idle(&self) -> bool {
-        !self.calls.owes() && self.turns.is_idle()
+    /// How often a host should tick, given whether the worker has streams waiting or held:
+    /// every `TICK_MS` while it has, or a call is owed or a turn kept; every `PEEK_MS` while
+    /// only something watched may be due (`watch`); None: never.
+    pub fn tick_ms(&self, busy: bool) -> Option<u64> {
+        if busy || self.calls.owes() || !self.turns.is_empty() {
+            return Some(TICK_MS);
+        }
+        (!self.turns.watch.is_empty()).then_some(PEEK_MS)
     }
 
     /// Tend the turns, and check or mark what is watched, at `now` (`handoff::tend`).
@@ -64,6 +80,14 @@ impl FleetSide {
     ) {
         if gov.fleet().is_some_and(|f| f.cooldowns) {
             handoff::learned(&mut self.turns, &mut self.calls, gov, key, store, clock());
+        }
+    }
+
+    /// A request's calls were all answered: if one checked its (pool, account)'s marker, what
+    /// this worker knows of it is fresh (`watch`).
+    pub fn answered_about(&mut self, flow: &Flow, peeked: bool, clock: impl FnOnce() -> u64) {
+        if peeked {
+            self.turns.watch.checked(TurnKey::of(flow), clock);
         }
     }
 

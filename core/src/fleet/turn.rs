@@ -80,7 +80,7 @@ pub enum Tend {
 
 /// The turns one worker holds (a few at a time, a list), and the (pool, account)s it watches
 /// for another Envoy's cooldown (`watch`).
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Turns {
     held: Vec<Held>,
     /// When `tend` last looked (a kept turn is looked at every tick).
@@ -96,9 +96,13 @@ impl Turns {
         kept.into_iter().chain(self.watch.next_check_ms()).min()
     }
 
-    /// No turn is kept and nothing is watched: nothing for a tick to do.
-    pub fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.watch.is_empty()
+    /// No turn is kept; with `cooldowns` the fleet's marker is watched (`watch`).
+    pub fn new(cooldowns: bool) -> Turns {
+        Turns {
+            held: Vec::new(),
+            tended_ms: 0,
+            watch: Watch::new(cooldowns),
+        }
     }
 
     /// Whether this worker holds `key`'s turn at `now`.
