@@ -393,6 +393,26 @@ def test_an_envoy_learns_another_envoys_cooldown_before_its_own_first_429(simula
         assert fleet.stat("fleet_errors") == 0
 
 
+@fixture_only("Reserve / Commit")
+def test_an_idle_envoy_checks_the_fleets_marker_once_a_beat_whatever_its_workers(simulator, sim):
+    """Issue 31, item 1's cost: an Envoy of two workers with `fleet.cooldowns`, idle, checks the
+    fleet's cooling marker about every 100 ms: its workers share one check through shared data
+    (10 a second, where a check per worker would be 20, and 30 with the wasm main thread's VM),
+    counted under pool `default`; no account's marker is checked while nothing cools."""
+    config = {"pools": CONFIG["pools"], "fleet": {"cluster": RLS_CLUSTER, "timeout_ms": 500, "cooldowns": True}}
+    with Redis() as redis, rls_service(redis, limits_file(config), TURN_SERVICE_ARGS) as service, \
+            fleet_envoy(config, simulator.port, service.port, concurrency=2) as envoy:
+        for _ in range(3):
+            assert post(envoy, new_key(), body=body()).status_code == 200
+        before, started = envoy.pool_stat("default", "fleet_calls_ok"), time.monotonic()
+        time.sleep(3.0)
+        checks = envoy.pool_stat("default", "fleet_calls_ok") - before
+        per_s = checks / (time.monotonic() - started)
+        assert 5 <= per_s <= 13, f"{checks} checks: {per_s:.1f} a second"
+        calls = [envoy.pool_stat("openai", s) for s in ("fleet_calls_ok", "fleet_calls_over_limit", "fleet_errors")]
+        assert calls == [0, 0, 0], calls
+
+
 @fixture_only("fault injection (the fixture's --answer no-check)")
 def test_a_service_without_check_leaves_each_envoy_its_own_first_429_and_says_so(simulator, sim):
     """Issue 31, faults: a service without Kuadrant's CheckRateLimit (Envoy's RLS alone; the
