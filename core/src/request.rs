@@ -142,8 +142,13 @@ pub struct FleetCharge {
     pub key: String,
     /// Reserved (or charged) at admission.
     pub amount: u64,
-    /// The service's reservation id, when it holds one.
+    /// The service's reservation id, when it holds one (a fleet slot: its hold on the cap).
     pub reservation: Option<String>,
+    /// A fleet slot's hold on the cap's guard: the same id as `reservation` until either is
+    /// taken again (`fleet::slots`); None once lost, or when the service has no guard.
+    pub guard: Option<String>,
+    /// The service has no guard for this slot's cap (its limits file lacks it).
+    pub unguarded: bool,
     /// What the stream used, once known (0: the provider answered an error and counted none).
     pub settled: Option<u64>,
     /// A fleet slot's hold is taken again at this moment while its stream lasts (None: not a

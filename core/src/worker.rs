@@ -160,24 +160,10 @@ impl Worker {
     ) -> Option<(u32, Reaction)> {
         match self.fleet.calls.done(stream, token, reply, lent.metrics)? {
             Done::Stream { id, seq } => Some((id, self.fleet_step(id, Some((seq, reply)), lent))),
-            Done::Slot {
-                stream,
-                limit,
-                step,
-                key,
-            } => {
+            Done::Slot { call, key } => {
                 let (gov, calls, now) = (&self.gov, &mut self.fleet.calls, (lent.clock)());
-                let of = (stream, limit, step);
-                slots::reply(
-                    gov,
-                    calls,
-                    &mut self.streams,
-                    lent.metrics,
-                    of,
-                    key,
-                    reply,
-                    now,
-                );
+                let streams = &mut self.streams;
+                slots::reply(gov, calls, streams, lent.metrics, (call, key), reply, now);
                 None
             }
             done => {

@@ -128,6 +128,8 @@ fn charge(reservation: Option<&str>) -> FleetCharge {
         key: "acme".into(),
         amount: 0, // compared without the amount: see `shape`
         reservation: reservation.map(str::to_string),
+        guard: None,
+        unguarded: false,
         settled: None,
     }
 }

@@ -1,7 +1,8 @@
 //! `max_in_flight` with `scope: "fleet"` through the worker: a slot is a hold of 1 on the
-//! service for the lease (Reserve), given back with a Commit of 0 when the stream ends however
-//! it ends; a full cap holds the request and asks again soon; a service that cannot answer
-//! leaves `on_error` to decide (`local`: this Envoy's own cap of the same size).
+//! service's cap and its guard for the lease (Reserve), each taken again on its own while the
+//! stream lasts, given back with a Commit of 0 when the stream ends however it ends; a full cap
+//! holds the request and asks again soon; a service that cannot answer leaves `on_error` to
+//! decide (`local`: this Envoy's own cap of the same size).
 
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
@@ -150,8 +151,52 @@ fn gives_back(call: &llm_governor_core::fleet::grpc::ServiceCall, id: &str) -> b
         && call.message.ends_with(&[0x20, 0])
 }
 
+/// Which entries of a call's descriptor name the limit: (`limit`, `guard`).
+fn names(call: &llm_governor_core::fleet::grpc::ServiceCall) -> (bool, bool) {
+    (
+        contains(&call.message, b"limit"),
+        contains(&call.message, b"guard"),
+    )
+}
+
+const CAP_ONLY: (bool, bool) = (true, false);
+const GUARD_ONLY: (bool, bool) = (false, true);
+const BOTH: (bool, bool) = (true, true);
+
+/// A Reserve of 1 on the slot's cap or guard (`part`), for tenant acme.
+fn renews(call: &llm_governor_core::fleet::grpc::ServiceCall, part: (bool, bool)) -> bool {
+    call.method == Method::Reserve && names(call) == part && contains(&call.message, b"acme")
+}
+
+/// The one call owed now, which must be `what`.
+fn one(
+    h: &mut Host,
+    what: impl Fn(&llm_governor_core::fleet::grpc::ServiceCall) -> bool,
+) -> llm_governor_core::fleet::grpc::ServiceCall {
+    let mut owed = owed(h);
+    assert!(owed.len() == 1 && what(&owed[0]), "{owed:?}");
+    owed.remove(0)
+}
+
 #[test]
-fn a_stream_longer_than_its_lease_takes_its_slot_again_beside_the_old_one() {
+fn admission_asks_the_cap_and_its_guard_in_one_reserve() {
+    let mut h = Host::new(CAP);
+    let (reserve, _) = ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    let call = llm_governor_core::fleet::grpc::ServiceCall {
+        seq: 0,
+        method: Method::Reserve,
+        message: reserve,
+        timeout_ms: 0,
+    };
+    assert_eq!(names(&call), BOTH);
+    // Given back in one Commit while both holds are still admission's.
+    h.end(3);
+    let end = one(&mut h, |c| gives_back(c, "slot-7"));
+    assert_eq!(names(&end), BOTH);
+}
+
+#[test]
+fn a_stream_longer_than_its_lease_takes_its_cap_then_its_guard_again_beside_the_old_ones() {
     let mut h = Host::new(&short_lease());
     let (_, r) = ask(&mut h, 3, &reserve_answer(1, "slot-7"));
     assert!(r.effects.contains(&Effect::ResumeRequest));
@@ -165,65 +210,138 @@ fn a_stream_longer_than_its_lease_takes_its_slot_again_beside_the_old_one() {
     assert!(owed(&mut h).is_empty(), "not before");
     h.advance(1);
     h.tick_reactions();
-    let renew = owed(&mut h);
-    assert_eq!(renew.len(), 1, "{renew:?}");
-    assert_eq!(renew[0].method, Method::Reserve);
-    assert!(contains(&renew[0].message, b"acme"));
-    // Granted beside the old hold: the old one is given back, the new one kept.
-    answer_owed(&mut h, &renew[0], &reserve_answer(1, "slot-8"));
+    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
+    // Granted beside the old hold: the cap's old hold is given back, then the guard asked.
+    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-8"));
     let after = owed(&mut h);
+    assert_eq!(after.len(), 2, "{after:?}");
     assert!(
-        after.len() == 1 && gives_back(&after[0], "slot-7"),
+        gives_back(&after[0], "slot-7") && names(&after[0]) == CAP_ONLY,
         "{after:?}"
     );
+    assert!(renews(&after[1], GUARD_ONLY), "{after:?}");
+    assert_eq!(
+        h.worker.next_due_ms(),
+        None,
+        "not armed while the guard is asked"
+    );
+    answer_owed(&mut h, &after[1], &reserve_answer(1, "guard-8"));
+    let g = one(&mut h, |c| gives_back(c, "slot-7"));
+    assert_eq!(names(&g), GUARD_ONLY);
     assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
+    // The end gives each back on its own limit.
     h.end(3);
     let end = owed(&mut h);
-    assert!(end.len() == 1 && gives_back(&end[0], "slot-8"), "{end:?}");
+    assert_eq!(end.len(), 2, "{end:?}");
+    assert!(
+        gives_back(&end[0], "cap-8") && names(&end[0]) == CAP_ONLY,
+        "{end:?}"
+    );
+    assert!(
+        gives_back(&end[1], "guard-8") && names(&end[1]) == GUARD_ONLY,
+        "{end:?}"
+    );
 }
 
-/// Stream 3 holds "slot-7" under a 3 s lease; 2 s in, its renewal finds the cap full, and the
-/// service sees the new Reserve before the old hold's release: what the worker owes then (the
-/// Reserve once more).
-fn full_at_renewal() -> (Host, Vec<llm_governor_core::fleet::grpc::ServiceCall>) {
+/// Stream 3 holds "slot-7" under a 3 s lease; 2 s in, the renewal of `part` finds it full,
+/// and the service sees the new Reserve before the old hold's release: what the worker owes
+/// then (the Reserve once more). The cap's renewal is granted "cap-8" beside when `part` is
+/// the guard.
+fn full_at_renewal(part: (bool, bool)) -> (Host, llm_governor_core::fleet::grpc::ServiceCall) {
     let mut h = Host::new(&short_lease());
     ask(&mut h, 3, &reserve_answer(1, "slot-7"));
     h.advance(2_000);
     h.tick_reactions();
-    let renew = owed(&mut h);
-    answer_owed(&mut h, &renew[0], &reserve_answer(2, ""));
-    // The old hold's release and a new Reserve, together.
+    let mut renew = one(&mut h, |c| renews(c, CAP_ONLY));
+    if part == GUARD_ONLY {
+        answer_owed(&mut h, &renew, &reserve_answer(1, "cap-8"));
+        let after = owed(&mut h);
+        renew = after[1].clone();
+    }
+    answer_owed(&mut h, &renew, &reserve_answer(2, ""));
+    // The old hold's release on that limit alone and a new Reserve, together.
     let both = owed(&mut h);
     assert_eq!(both.len(), 2, "{both:?}");
     assert!(
-        gives_back(&both[0], "slot-7") && both[1].method == Method::Reserve,
+        gives_back(&both[0], "slot-7") && names(&both[0]) == part,
         "{both:?}"
     );
+    assert!(renews(&both[1], part), "{both:?}");
     answer_owed(&mut h, &both[1], &reserve_answer(2, ""));
-    let last = owed(&mut h);
-    assert!(
-        last.len() == 1 && last[0].method == Method::Reserve,
-        "{last:?}"
-    );
+    let last = one(&mut h, |c| renews(c, part));
     (h, last)
 }
 
 #[test]
-fn with_the_cap_full_the_old_hold_is_given_back_and_a_new_one_taken_at_once() {
-    // Granted the second time.
-    let (mut h, last) = full_at_renewal();
-    answer_owed(&mut h, &last[0], &reserve_answer(1, "slot-9"));
+fn with_a_limit_full_its_old_hold_is_given_back_and_a_new_one_taken_at_once() {
+    // The cap granted the second time: then the guard.
+    let (mut h, last) = full_at_renewal(CAP_ONLY);
+    answer_owed(&mut h, &last, &reserve_answer(1, "cap-9"));
+    let guard = one(&mut h, |c| renews(c, GUARD_ONLY));
+    answer_owed(&mut h, &guard, &reserve_answer(1, "guard-9"));
+    one(&mut h, |c| {
+        gives_back(c, "slot-7") && names(c) == GUARD_ONLY
+    });
+    assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
+    // The guard granted the second time.
+    let (mut h, last) = full_at_renewal(GUARD_ONLY);
+    answer_owed(&mut h, &last, &reserve_answer(1, "guard-9"));
     assert!(owed(&mut h).is_empty());
     assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
     h.end(3);
     let end = owed(&mut h);
-    assert!(end.len() == 1 && gives_back(&end[0], "slot-9"), "{end:?}");
-    // Taken by a waiting request instead: the stream goes on past its slot, counted.
-    let (mut h, last) = full_at_renewal();
+    assert!(
+        gives_back(&end[0], "cap-8") && gives_back(&end[1], "guard-9"),
+        "{end:?}"
+    );
+}
+
+#[test]
+fn a_hold_taken_by_a_waiting_request_is_counted_and_asked_for_again_at_the_next_renewal() {
+    let (mut h, last) = full_at_renewal(CAP_ONLY);
     let over = h.count(Counter::FleetCallsOverLimit);
-    answer_owed(&mut h, &last[0], &reserve_answer(2, ""));
+    answer_owed(&mut h, &last, &reserve_answer(2, ""));
     assert_eq!(h.count(Counter::FleetCallsOverLimit), over + 1);
-    assert_eq!(h.worker.next_due_ms(), None, "not asked again");
+    // The guard is still taken again (it keeps waiting requests out while it is held).
+    let guard = one(&mut h, |c| renews(c, GUARD_ONLY));
+    answer_owed(&mut h, &guard, &reserve_answer(1, "guard-9"));
+    one(&mut h, |c| {
+        gives_back(c, "slot-7") && names(c) == GUARD_ONLY
+    });
+    // Next renewal: the cap is asked for beside (nothing of it to give back), granted.
+    h.advance(2_000);
+    h.tick_reactions();
+    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
+    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-10"));
+    one(&mut h, |c| renews(c, GUARD_ONLY));
+    h.end(3);
+    let end = owed(&mut h);
+    assert!(
+        gives_back(&end[0], "cap-10") && gives_back(&end[1], "guard-9"),
+        "{end:?}"
+    );
+}
+
+#[test]
+fn a_service_without_the_guard_leaves_the_slot_to_the_cap_alone_and_is_not_asked_again() {
+    let mut h = Host::new(&short_lease());
+    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    h.advance(2_000);
+    h.tick_reactions();
+    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
+    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-8"));
+    let guard = owed(&mut h).remove(1);
+    // No limit matches the guard: the service grants it holding nothing.
+    answer_owed(&mut h, &guard, &reserve_answer(1, ""));
+    assert!(owed(&mut h).is_empty(), "nothing of a guard to give back");
+    assert_eq!(h.count(Counter::FleetErrors), 0);
+    h.advance(2_000);
+    h.tick_reactions();
+    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
+    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-9"));
+    one(&mut h, |c| gives_back(c, "cap-8") && names(c) == CAP_ONLY);
+    h.end(3);
+    one(&mut h, |c| gives_back(c, "cap-9") && names(c) == CAP_ONLY);
 }
 
 #[test]
@@ -234,13 +352,9 @@ fn a_hold_granted_after_its_stream_ended_is_given_back() {
     h.tick_reactions();
     let renew = owed(&mut h);
     h.end(3);
-    let end = owed(&mut h);
-    assert!(end.len() == 1 && gives_back(&end[0], "slot-7"), "{end:?}");
+    one(&mut h, |c| gives_back(c, "slot-7") && names(c) == BOTH);
     answer_owed(&mut h, &renew[0], &reserve_answer(1, "slot-8"));
-    let late = owed(&mut h);
-    assert!(
-        late.len() == 1 && gives_back(&late[0], "slot-8"),
-        "{late:?}"
-    );
-    assert!(contains(&late[0].message, b"acme"), "on the slot's own key");
+    let late = one(&mut h, |c| gives_back(c, "slot-8"));
+    assert_eq!(names(&late), CAP_ONLY, "on the limit it was granted on");
+    assert!(contains(&late.message, b"acme"), "on the slot's own key");
 }

@@ -219,7 +219,8 @@ RATE_FIELDS = ("requests_per_minute", "requests_per_day", "tokens_per_minute", "
 def limits_file(config: dict) -> str:
     """The Limitador limits file for a filter configuration's fleet limits, written from the
     contract's descriptor shape: one limit per fleet limit, matched on descriptors[0]['limit'],
-    counted per descriptors[0]['key'], namespace = the fleet's domain."""
+    counted per descriptors[0]['key'], namespace = the fleet's domain; a fleet cap's guard
+    beside its cap."""
     domain = config.get("fleet", {}).get("domain", "llm_governor")
     out = []
     for limit in config.get("limits", []):
@@ -229,14 +230,20 @@ def limits_file(config: dict) -> str:
         # holds given back with a Commit of 0: its window only bounds a hold's life, so long.
         field = next(f for f in RATE_FIELDS + ("max_in_flight",) if f in limit)
         seconds = {"max_in_flight": 86400}.get(field, 86400 if field.endswith("_per_day") else 60)
-        out.append(
-            f"- namespace: {domain}\n"
-            f"  name: {limit['name']}\n"
-            f"  max_value: {limit[field]}\n"
-            f"  seconds: {seconds}\n"
-            f"  conditions: [\"descriptors[0]['limit'] == '{limit['name']}'\"]\n"
-            f"  variables: [\"descriptors[0]['key']\"]\n"
-        )
+        # A fleet cap's slots hold its guard too, the same limit matched on 'guard' (README,
+        # "A fleet-wide cap"): one stays held while the other is taken again.
+        names = [("limit", limit["name"])]
+        if field == "max_in_flight":
+            names.append(("guard", f"{limit['name']}-guard"))
+        for entry, name in names:
+            out.append(
+                f"- namespace: {domain}\n"
+                f"  name: {name}\n"
+                f"  max_value: {limit[field]}\n"
+                f"  seconds: {seconds}\n"
+                f"  conditions: [\"descriptors[0]['{entry}'] == '{limit['name']}'\"]\n"
+                f"  variables: [\"descriptors[0]['key']\"]\n"
+            )
     if config.get("fleet", {}).get("cooldowns"):
         out.append(turn_limit(domain))
     return "".join(out)

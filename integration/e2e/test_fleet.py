@@ -522,6 +522,8 @@ def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(si
     the provider never sees more than the cap in flight, so never answers a concurrency 429."""
     config = cap_config()
     assert f"name: fleet-cap\n  max_value: {FLEET_CAP}\n  seconds: 86400\n" in limits_file(config)
+    assert f"name: fleet-cap-guard\n  max_value: {FLEET_CAP}\n" in limits_file(config)
+    assert "descriptors[0]['guard'] == 'fleet-cap'" in limits_file(config)
     key = new_key()
     with Fleet(simulator, config) as fleet:
         sim.scenario({"mode": "ok", "latency_ms": 300, "max_concurrency": FLEET_CAP})
@@ -541,9 +543,10 @@ def test_a_fleet_cap_is_exact_across_three_envoys_and_callers_wait_for_a_slot(si
 @fixture_only("Reserve / Commit")
 def test_a_call_longer_than_its_lease_keeps_its_fleet_slot(simulator, sim):
     """Issue 31, item 4: a fleet cap of 1 with a 1.5 s lease, and a call the provider answers
-    after 4 s: its slot's hold is taken again every 1 s while it lasts, so another Envoy's call
-    waits for the first to end, not for its first lease to run out, and the provider never has
-    two in flight (it refuses a second one)."""
+    after 4 s: its slot's holds (the cap's and its guard's) are taken again every 1 s while it
+    lasts, one at a time, so another Envoy's call, asking every ~50 ms, waits for the first to
+    end, not for its first lease to run out nor for a moment the cap is given back and taken
+    again, and the provider never has two in flight (it refuses a second one)."""
     config = {**cap_config(), "limits": [{"name": "fleet-cap", "key": "account", "max_in_flight": 1,
                                           "scope": "fleet", "slot_lease_ms": 1500}]}
     key = new_key()
@@ -564,6 +567,28 @@ def test_a_call_longer_than_its_lease_keeps_its_fleet_slot(simulator, sim):
         assert gap_s >= 3.8, f"the slot was free after {gap_s:.2f} s: its lease ran out under a live call"
         assert sim.requests()["max_in_flight_by_key"][key] == 1
         assert a.pool_stat("openai", "fleet_errors") == 0
+        assert not a.log_lines("no guard", wait_s=0), "the guard is held"
+
+
+@fixture_only("Reserve / Commit")
+def test_a_service_without_the_caps_guard_keeps_the_slot_on_the_cap_alone_and_says_so(simulator, sim):
+    """A limits file written before the guard (the cap alone): the guard's Reserve matches no
+    limit and holds nothing; the call still keeps its slot on the cap through its renewals,
+    nothing counted as an error, and Envoy's log names what to add, once."""
+    config = {**cap_config(), "limits": [{"name": "fleet-cap", "key": "account", "max_in_flight": 1,
+                                          "scope": "fleet", "slot_lease_ms": 1500}]}
+    cap_alone = "".join(block for block in limits_file(config).split("- namespace")
+                        if block and "'guard'" not in block)
+    assert "'guard'" not in cap_alone and "fleet-cap" in cap_alone
+    with Redis() as redis, rls_service(redis, "- namespace" + cap_alone, TURN_SERVICE_ARGS) as service, \
+            fleet_envoy(config, sim.port, service.port) as envoy:
+        key = new_key()
+        sim.scenario({"mode": "ok", "latency_ms": 2500, "keys": [key]})
+        r = post(envoy, key, body=body(), timeout=30.0)
+        assert r.status_code == 200, r.text
+        said = logged_once(envoy, "no guard", "fleet-cap")
+        assert "descriptors[0]['guard'] == 'fleet-cap'" in said, said
+        assert envoy.pool_stat("openai", "fleet_errors") == 0
 
 
 @fixture_only("Reserve / Commit")

@@ -452,11 +452,15 @@ fn admitted(cfg: &Config, answered: Vec<(Ask, Said)>) -> Admitted {
             (Of::Limit(limit), Said::Ok { reservation })
                 if cfg.limits[limit].kind != LimitKind::Requests =>
             {
+                // A slot is one hold of its cap and its guard.
+                let slot = cfg.limits[limit].kind == LimitKind::InFlight;
                 out.charges.push(FleetCharge {
                     limit,
                     key: a.key,
                     amount: a.amount,
+                    guard: reservation.clone().filter(|_| slot),
                     reservation,
+                    unguarded: false,
                     settled: None,
                     renew_at_ms: None,
                 })

@@ -5,9 +5,10 @@
 //! went on or ended, or the load-time health check) is dropped here, once, for every host.
 
 use super::grpc::{ServiceCall, ServiceReply};
-use super::limits::{FleetLimits, Grant};
+use super::limits::{self, FleetLimits, Grant};
+use super::rls::Names;
 use super::turn::TurnKey;
-use crate::config::Config;
+use crate::config::{Config, LimitKind};
 use crate::metrics::{Counter, Metrics};
 use crate::request::FleetCharge;
 
@@ -37,12 +38,18 @@ pub enum Owner {
     Peek(TurnKey),
     /// A check whether anything cools in the fleet (`watch`), counted on this pool.
     PeekAny { pool: usize },
-    /// A step of stream `stream`'s renewal of its fleet slot of `limit` (`slots`).
-    Slot {
-        stream: u32,
-        limit: usize,
-        step: SlotStep,
-    },
+    /// A step of a stream's renewal of its fleet slot (`slots`).
+    Slot(SlotCall),
+}
+
+/// A step of stream `stream`'s renewal of its fleet slot of `limit`: of its hold on the cap
+/// or on the guard (`part`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotCall {
+    pub stream: u32,
+    pub limit: usize,
+    pub part: Names,
+    pub step: SlotStep,
 }
 
 /// A step of a fleet slot's renewal (`slots`).
@@ -72,12 +79,7 @@ pub enum Done {
     /// A check of the fleet's marker, counted on `pool`.
     PeekAny { pool: usize },
     /// A step of a fleet slot's renewal; `key` is the slot's descriptor key.
-    Slot {
-        stream: u32,
-        limit: usize,
-        step: SlotStep,
-        key: String,
-    },
+    Slot { call: SlotCall, key: String },
 }
 
 impl Owner {
@@ -90,7 +92,7 @@ impl Owner {
             | Owner::Take { .. }
             | Owner::Peek(_)
             | Owner::PeekAny { .. }
-            | Owner::Slot { .. } => None,
+            | Owner::Slot(_) => None,
         }
     }
 }
@@ -155,7 +157,8 @@ impl Calls {
         }
     }
 
-    /// Owe a commit of each token budget a stream was charged, with what it used.
+    /// Owe a commit of each token budget a stream was charged, with what it used, and the
+    /// release of each of its fleet slots.
     pub fn owe_commits(
         &mut self,
         fleet: &FleetLimits,
@@ -164,6 +167,14 @@ impl Calls {
         charges: &[FleetCharge],
     ) {
         for charge in charges {
+            if cfg.limits[charge.limit].kind == LimitKind::InFlight {
+                for (part, id) in limits::slot_holds(charge) {
+                    let seq = self.reserve(1);
+                    let of = (charge.limit, charge.key.clone(), part);
+                    self.owe(pool, fleet.slot_release(cfg, of, id, seq));
+                }
+                continue;
+            }
             let seq = self.reserve(1);
             if let Some(call) = fleet.settle_call(cfg, charge, seq) {
                 self.owe(pool, call);
@@ -224,7 +235,7 @@ impl Calls {
                 metrics.count(key.pool, Counter::FleetErrors);
                 None
             }
-            Owner::Slot { .. } => {
+            Owner::Slot(_) => {
                 self.slot_key(seq);
                 None
             }
@@ -271,14 +282,8 @@ impl Calls {
             }
             Owner::Peek(key) => Some(Done::Peek(key)),
             Owner::PeekAny { pool } => Some(Done::PeekAny { pool }),
-            Owner::Slot {
-                stream,
-                limit,
-                step,
-            } => Some(Done::Slot {
-                stream,
-                limit,
-                step,
+            Owner::Slot(call) => Some(Done::Slot {
+                call,
                 key: self.slot_key(out.seq),
             }),
             Owner::Nobody { pool } => {

@@ -6,7 +6,7 @@
 //! its end.
 
 use super::grpc::{Method, ServiceCall};
-use super::rls::{self, Descriptor};
+use super::rls::{self, Descriptor, Names};
 use super::turn::{TurnAsk, TurnKey, COOLING_LIMIT, TURN_LIMIT};
 use crate::config::{Config, LimitKey, LimitKind, OnError, Scope};
 use crate::headers::Headers;
@@ -198,11 +198,7 @@ impl FleetLimits {
         seq: u32,
     ) -> Option<ServiceCall> {
         let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
-        // A slot is given back whatever the stream used (a fleet cap needs reservations).
-        let used = match cfg.limits[charge.limit].kind {
-            LimitKind::InFlight => 0,
-            _ => charge.settled.unwrap_or(charge.amount),
-        };
+        let used = charge.settled.unwrap_or(charge.amount);
         if self.reservations {
             let id = charge.reservation.as_deref().unwrap_or("");
             return Some(self.call(seq, Method::Commit, rls::commit(&self.domain, &d, id, used)));
@@ -220,16 +216,32 @@ impl FleetLimits {
         self.call(seq, Method::Commit, message)
     }
 
-    /// A fleet slot's hold taken again for its lease (`slots`): a Reserve of 1, as at
-    /// admission.
-    pub(crate) fn slot_call(&self, cfg: &Config, charge: &FleetCharge, seq: u32) -> ServiceCall {
-        let d = [descriptor(cfg, Of::Limit(charge.limit), charge.key.clone())];
-        let lease_ms = cfg.limits[charge.limit].slot_lease_ms;
-        self.call(
-            seq,
-            Method::Reserve,
-            rls::reserve(&self.domain, &d, 1, lease_ms),
-        )
+    /// One hold of a fleet slot of `limit` (keyed `key`) taken again for its lease (`slots`):
+    /// a Reserve of 1 on its cap or its guard, as admission asks both.
+    pub(crate) fn slot_call(
+        &self,
+        cfg: &Config,
+        (limit, key, part): (usize, String, Names),
+        seq: u32,
+    ) -> ServiceCall {
+        let d = [slot_descriptor(cfg, limit, key, part)];
+        let lease_ms = cfg.limits[limit].slot_lease_ms;
+        let message = rls::reserve(&self.domain, &d, 1, lease_ms);
+        self.call(seq, Method::Reserve, message)
+    }
+
+    /// A hold `reservation` of a fleet slot given back (a Commit of 0) on its cap, its guard
+    /// or both (`slots`).
+    pub(crate) fn slot_release(
+        &self,
+        cfg: &Config,
+        (limit, key, part): (usize, String, Names),
+        reservation: &str,
+        seq: u32,
+    ) -> ServiceCall {
+        let d = [slot_descriptor(cfg, limit, key, part)];
+        let message = rls::commit(&self.domain, &d, reservation, 0);
+        self.call(seq, Method::Commit, message)
     }
 
     /// A turn taken (or taken again) for `ttl_ms`.
@@ -326,14 +338,35 @@ impl FleetLimits {
     }
 }
 
+/// The holds a fleet slot's stream still has, to give back at its end: one on both limits
+/// while the cap's and the guard's are still the hold admission took, else each on its own.
+pub(crate) fn slot_holds(charge: &FleetCharge) -> Vec<(Names, &str)> {
+    match (charge.reservation.as_deref(), charge.guard.as_deref()) {
+        (Some(r), Some(g)) if r == g => vec![(Names::Both, r)],
+        (r, g) => [(Names::Limit, r), (Names::Guard, g)]
+            .into_iter()
+            .filter_map(|(part, id)| Some((part, id?)))
+            .collect(),
+    }
+}
+
+/// What admission asks of `of`: a fleet slot names its cap and its guard, one hold of both.
 fn descriptor(cfg: &Config, of: Of, key: String) -> Descriptor {
     match of {
-        Of::Limit(i) => Descriptor {
-            limit: cfg.limits[i].name.clone(),
-            key,
-        },
+        Of::Limit(i) if cfg.limits[i].kind == LimitKind::InFlight => {
+            slot_descriptor(cfg, i, key, Names::Both)
+        }
+        Of::Limit(i) => descriptor_of(&cfg.limits[i].name, key),
         Of::Turn => descriptor_of(TURN_LIMIT, key),
         Of::Peek => descriptor_of(COOLING_LIMIT, key),
+    }
+}
+
+fn slot_descriptor(cfg: &Config, limit: usize, key: String, names: Names) -> Descriptor {
+    Descriptor {
+        limit: cfg.limits[limit].name.clone(),
+        key,
+        names,
     }
 }
 
@@ -341,6 +374,7 @@ fn descriptor_of(limit: &str, key: String) -> Descriptor {
     Descriptor {
         limit: limit.to_string(),
         key,
+        names: Names::Limit,
     }
 }
 

@@ -10,12 +10,26 @@
 //! proto3 does), and a truncated or malformed message is an error value, never a panic.
 
 /// One request's view of one fleet limit: the descriptor an operator's limits file matches,
-/// `limit` = the limit's name and `key` = the key's value for this request (never a raw
-/// credential: an account key is its label or keyed id).
+/// the limit's name (under the entries `names` says) and `key` = the key's value for this
+/// request (never a raw credential: an account key is its label or keyed id).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Descriptor {
     pub limit: String,
     pub key: String,
+    pub names: Names,
+}
+
+/// Which entries of a descriptor carry the limit's name. A fleet slot is a hold on two limits
+/// of the same cap: the cap (`limit`) and its guard (`guard`); admission asks both at once,
+/// and each is taken again on its own (`fleet::slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Names {
+    /// `limit`: every fleet limit, and a slot's cap alone.
+    Limit,
+    /// `guard`: a slot's guard alone.
+    Guard,
+    /// `limit` and `guard`: a slot's admission, and its release while both holds are one.
+    Both,
 }
 
 /// `RateLimitRequest{domain = 1, descriptors = 2, hits_addend = 3}`.
@@ -214,7 +228,12 @@ fn decode_duration_ms(bytes: &[u8]) -> Result<u64, DecodeError> {
 
 fn descriptor(d: &Descriptor) -> Vec<u8> {
     let mut out = Vec::new();
-    put_msg(&mut out, 1, &entry("limit", &d.limit));
+    if d.names != Names::Guard {
+        put_msg(&mut out, 1, &entry("limit", &d.limit));
+    }
+    if d.names != Names::Limit {
+        put_msg(&mut out, 1, &entry("guard", &d.limit));
+    }
     put_msg(&mut out, 1, &entry("key", &d.key));
     out
 }
@@ -336,6 +355,7 @@ mod tests {
         vec![Descriptor {
             limit: "rpm".into(),
             key: "t1".into(),
+            names: Names::Limit,
         }]
     }
 
@@ -360,6 +380,30 @@ mod tests {
         // Another addend is sent (field 3, varint).
         let more = should_rate_limit("d", &tenant(), 300);
         assert_eq!(&more[want.len()..], &[0x18, 0xac, 0x02]);
+    }
+
+    #[test]
+    fn a_slot_names_its_cap_its_guard_or_both() {
+        let with = |names| {
+            let d = Descriptor {
+                names,
+                ..tenant().remove(0)
+            };
+            reserve("d", &[d], 1, 1_000)
+        };
+        let entries = |m: &[u8]| {
+            let at = |k: &[u8]| m.windows(k.len()).position(|w| w == k);
+            (at(b"limit"), at(b"guard"), at(b"key"))
+        };
+        let (l, g, k) = entries(&with(Names::Both));
+        assert!(l < g && g < k && l.is_some(), "limit, guard, key in order");
+        let (l, g, k) = entries(&with(Names::Guard));
+        assert!(l.is_none() && g.is_some() && k.is_some());
+        let (l, g, _) = entries(&with(Names::Limit));
+        assert!(l.is_some() && g.is_none());
+        // The guard carries the limit's name as its value.
+        let guard = with(Names::Guard);
+        assert!(guard.windows(3).any(|w| w == b"rpm"));
     }
 
     #[test]
