@@ -178,6 +178,29 @@ fn one(
     owed.remove(0)
 }
 
+/// 2 s on, stream 3's cap is asked for again and granted `id`.
+fn cap_renewed(h: &mut Host, id: &str) {
+    h.advance(2_000);
+    h.tick_reactions();
+    let cap = one(h, |c| renews(c, CAP_ONLY));
+    answer_owed(h, &cap, &reserve_answer(1, id));
+}
+
+/// Stream 3 ends: its cap's hold `cap` and its guard's `guard` are given back, each on its own.
+fn ends_giving_back(h: &mut Host, cap: &str, guard: &str) {
+    h.end(3);
+    let end = owed(h);
+    assert_eq!(end.len(), 2, "{end:?}");
+    assert!(
+        gives_back(&end[0], cap) && names(&end[0]) == CAP_ONLY,
+        "{end:?}"
+    );
+    assert!(
+        gives_back(&end[1], guard) && names(&end[1]) == GUARD_ONLY,
+        "{end:?}"
+    );
+}
+
 #[test]
 fn admission_asks_the_cap_and_its_guard_in_one_reserve() {
     let mut h = Host::new(CAP);
@@ -230,17 +253,7 @@ fn a_stream_longer_than_its_lease_takes_its_cap_then_its_guard_again_beside_the_
     assert_eq!(names(&g), GUARD_ONLY);
     assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
     // The end gives each back on its own limit.
-    h.end(3);
-    let end = owed(&mut h);
-    assert_eq!(end.len(), 2, "{end:?}");
-    assert!(
-        gives_back(&end[0], "cap-8") && names(&end[0]) == CAP_ONLY,
-        "{end:?}"
-    );
-    assert!(
-        gives_back(&end[1], "guard-8") && names(&end[1]) == GUARD_ONLY,
-        "{end:?}"
-    );
+    ends_giving_back(&mut h, "cap-8", "guard-8");
 }
 
 /// Stream 3 holds "slot-7" under a 3 s lease; 2 s in, the renewal of `part` finds it full,
@@ -288,12 +301,7 @@ fn with_a_limit_full_its_old_hold_is_given_back_and_a_new_one_taken_at_once() {
     answer_owed(&mut h, &last, &reserve_answer(1, "guard-9"));
     assert!(owed(&mut h).is_empty());
     assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
-    h.end(3);
-    let end = owed(&mut h);
-    assert!(
-        gives_back(&end[0], "cap-8") && gives_back(&end[1], "guard-9"),
-        "{end:?}"
-    );
+    ends_giving_back(&mut h, "cap-8", "guard-9");
 }
 
 #[test]
@@ -309,36 +317,22 @@ fn a_hold_taken_by_a_waiting_request_is_counted_and_asked_for_again_at_the_next_
         gives_back(c, "slot-7") && names(c) == GUARD_ONLY
     });
     // Next renewal: the cap is asked for beside (nothing of it to give back), granted.
-    h.advance(2_000);
-    h.tick_reactions();
-    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
-    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-10"));
+    cap_renewed(&mut h, "cap-10");
     one(&mut h, |c| renews(c, GUARD_ONLY));
-    h.end(3);
-    let end = owed(&mut h);
-    assert!(
-        gives_back(&end[0], "cap-10") && gives_back(&end[1], "guard-9"),
-        "{end:?}"
-    );
+    ends_giving_back(&mut h, "cap-10", "guard-9");
 }
 
 #[test]
 fn a_service_without_the_guard_leaves_the_slot_to_the_cap_alone_and_is_not_asked_again() {
     let mut h = Host::new(&short_lease());
     ask(&mut h, 3, &reserve_answer(1, "slot-7"));
-    h.advance(2_000);
-    h.tick_reactions();
-    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
-    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-8"));
+    cap_renewed(&mut h, "cap-8");
     let guard = owed(&mut h).remove(1);
     // No limit matches the guard: the service grants it holding nothing.
     answer_owed(&mut h, &guard, &reserve_answer(1, ""));
     assert!(owed(&mut h).is_empty(), "nothing of a guard to give back");
     assert_eq!(h.count(Counter::FleetErrors), 0);
-    h.advance(2_000);
-    h.tick_reactions();
-    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
-    answer_owed(&mut h, &cap, &reserve_answer(1, "cap-9"));
+    cap_renewed(&mut h, "cap-9");
     one(&mut h, |c| gives_back(c, "cap-8") && names(c) == CAP_ONLY);
     h.end(3);
     one(&mut h, |c| gives_back(c, "cap-9") && names(c) == CAP_ONLY);
