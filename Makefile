@@ -58,6 +58,7 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p llm-governor --target wasm32-wasip1 -- -D warnings
+	cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 
 validate: build build-native envoy
 	@scripts/validate.sh

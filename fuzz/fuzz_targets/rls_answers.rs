@@ -25,9 +25,15 @@ fuzz_target!(|data: &[u8]| {
         ServiceReply::Message(data)
     );
     // What the filter sends always reads back as a message of known fields.
+    let names = match data.len() % 3 {
+        0 => rls::Names::Limit,
+        1 => rls::Names::Guard,
+        _ => rls::Names::Both,
+    };
     let d = [rls::Descriptor {
         limit: String::from_utf8_lossy(data).into_owned(),
         key: "k".into(),
+        names,
     }];
     let req = rls::should_rate_limit("d", &d, data.len() as u32);
     assert!(rls::decode_response(&req).is_ok(), "our own request is a well-formed message");
