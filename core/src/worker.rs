@@ -11,7 +11,7 @@ pub use crate::effects::{Action, Direction, Effect, Failure, Lent, NoBodies, Rea
 use crate::env::{Clock, Env};
 use crate::estimate;
 use crate::fleet::ask::{Admitted, FleetAsk, Progress, Verdict};
-use crate::fleet::calls::{Calls, Done};
+use crate::fleet::calls::{Calls, Done, SlotCall};
 use crate::fleet::grpc::{ServiceReply, NOT_SENT};
 use crate::fleet::side::FleetSide;
 use crate::fleet::slots;
@@ -161,9 +161,7 @@ impl Worker {
         match self.fleet.calls.done(stream, token, reply, lent.metrics)? {
             Done::Stream { id, seq } => Some((id, self.fleet_step(id, Some((seq, reply)), lent))),
             Done::Slot { call, key } => {
-                let (gov, calls, now) = (&self.gov, &mut self.fleet.calls, (lent.clock)());
-                let streams = &mut self.streams;
-                slots::reply(gov, calls, streams, lent.metrics, (call, key), reply, now);
+                self.slot_answered((call, key), reply, lent);
                 None
             }
             done => {
@@ -174,9 +172,17 @@ impl Worker {
         }
     }
 
-    /// The host could not send the owed call `seq`: a failed call.
+    /// The host could not send the owed call `seq`: a failed call (a slot's renewal goes on).
     pub fn call_not_sent(&mut self, seq: u32, lent: &mut Lent) {
-        self.fleet.not_sent(seq, lent.metrics);
+        if let Some(Done::Slot { call, key }) = self.fleet.not_sent(seq, lent.metrics) {
+            self.slot_answered((call, key), ServiceReply::Failed(NOT_SENT), lent);
+        }
+    }
+
+    /// A step of a fleet slot's renewal was answered (`fleet::slots`).
+    fn slot_answered(&mut self, of: (SlotCall, String), reply: ServiceReply, lent: &mut Lent) {
+        let (gov, calls, now) = (&self.gov, &mut self.fleet.calls, (lent.clock)());
+        slots::reply(gov, calls, &mut self.streams, lent.metrics, of, reply, now);
     }
 
     /// The request headers arrived (`end_of_stream`: the request has no body).

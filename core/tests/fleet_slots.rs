@@ -178,6 +178,15 @@ fn one(
     owed.remove(0)
 }
 
+/// Stream 3 holds "slot-7" under a 3 s lease, 2 s in: its renewal is owed.
+fn renewing() -> Host {
+    let mut h = Host::new(&short_lease());
+    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
+    h.advance(2_000);
+    h.tick_reactions();
+    h
+}
+
 /// 2 s on, stream 3's cap is asked for again and granted `id`.
 fn cap_renewed(h: &mut Host, id: &str) {
     h.advance(2_000);
@@ -261,10 +270,7 @@ fn a_stream_longer_than_its_lease_takes_its_cap_then_its_guard_again_beside_the_
 /// then (the Reserve once more). The cap's renewal is granted "cap-8" beside when `part` is
 /// the guard.
 fn full_at_renewal(part: (bool, bool)) -> (Host, llm_governor_core::fleet::grpc::ServiceCall) {
-    let mut h = Host::new(&short_lease());
-    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
-    h.advance(2_000);
-    h.tick_reactions();
+    let mut h = renewing();
     let mut renew = one(&mut h, |c| renews(c, CAP_ONLY));
     if part == GUARD_ONLY {
         answer_owed(&mut h, &renew, &reserve_answer(1, "cap-8"));
@@ -340,10 +346,7 @@ fn a_service_without_the_guard_leaves_the_slot_to_the_cap_alone_and_is_not_asked
 
 #[test]
 fn a_hold_granted_after_its_stream_ended_is_given_back() {
-    let mut h = Host::new(&short_lease());
-    ask(&mut h, 3, &reserve_answer(1, "slot-7"));
-    h.advance(2_000);
-    h.tick_reactions();
+    let mut h = renewing();
     let renew = owed(&mut h);
     h.end(3);
     one(&mut h, |c| gives_back(c, "slot-7") && names(c) == BOTH);
@@ -351,4 +354,29 @@ fn a_hold_granted_after_its_stream_ended_is_given_back() {
     let late = one(&mut h, |c| gives_back(c, "slot-8"));
     assert_eq!(names(&late), CAP_ONLY, "on the limit it was granted on");
     assert!(contains(&late.message, b"acme"), "on the slot's own key");
+}
+
+#[test]
+fn a_renewal_step_that_could_not_be_sent_is_a_failed_one_and_the_renewal_goes_on() {
+    let mut h = renewing();
+    let cap = one(&mut h, |c| renews(c, CAP_ONLY));
+    h.call(|w, lent| w.call_not_sent(cap.seq, lent));
+    assert_eq!(h.count(Counter::FleetErrors), 1);
+    // The old hold of the cap is kept (nothing reached the service); the guard is asked.
+    let guard = one(&mut h, |c| renews(c, GUARD_ONLY));
+    h.call(|w, lent| w.call_not_sent(guard.seq, lent));
+    assert_eq!(h.count(Counter::FleetErrors), 2);
+    assert!(owed(&mut h).is_empty());
+    // Asked again at the next renewal, not given up.
+    assert_eq!(h.worker.next_due_ms(), Some(h.now_ms + 2_000));
+    cap_renewed(&mut h, "cap-9");
+    let after = owed(&mut h);
+    assert!(
+        gives_back(&after[0], "slot-7") && names(&after[0]) == CAP_ONLY,
+        "{after:?}"
+    );
+    assert!(
+        after.len() == 2 && renews(&after[1], GUARD_ONLY),
+        "{after:?}"
+    );
 }

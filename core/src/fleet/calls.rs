@@ -235,10 +235,10 @@ impl Calls {
                 metrics.count(key.pool, Counter::FleetErrors);
                 None
             }
-            Owner::Slot(_) => {
-                self.slot_key(seq);
-                None
-            }
+            Owner::Slot(call) => Some(Done::Slot {
+                call,
+                key: self.slot_key(seq),
+            }),
             Owner::Stream(_) => None,
         }
     }

@@ -96,10 +96,15 @@ impl FleetSide {
         handoff::answered(done, reply, &mut self.turns, &mut self.calls, gov, env);
     }
 
-    /// The host could not send the owed call `seq`: a failed call.
-    pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) {
-        if let Some(Done::Turn(key)) = self.calls.not_sent(seq, metrics) {
-            self.turns.renewed(key, None);
+    /// The host could not send the owed call `seq`: a failed call. A slot's renewal step is
+    /// the worker's to go on with (it is a stream's).
+    pub fn not_sent(&mut self, seq: u32, metrics: &mut dyn Metrics) -> Option<Done> {
+        match self.calls.not_sent(seq, metrics)? {
+            Done::Turn(key) => {
+                self.turns.renewed(key, None);
+                None
+            }
+            done => Some(done),
         }
     }
 }
